@@ -1,0 +1,1 @@
+"""Models and the algorithms that train them."""

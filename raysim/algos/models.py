@@ -1,0 +1,136 @@
+"""MLP actor-critic: a Categorical or Gaussian actor on the ``policy`` group, a critic on ``critic``.
+
+The shards hold only the ``Actor``; the learner holds the whole ``ActorCritic``. Both are built
+from the env's spaces and one ``ModelConfig``, so a shard's actor loads the learner's actor weights.
+
+Continuous actions: the actor samples a Gaussian action ``u`` (state-independent log-std); the
+chunk stores ``u`` and its log-probability, and the env receives ``env_action(u)``: ``u`` clipped
+to the action space (``action_transform: clip``) or ``tanh(u)`` scaled into it (``squash``).
+The PPO ratio is the same in ``u`` and in the transformed action, so no Jacobian term is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+
+
+@dataclass
+class ModelConfig:
+    """The network: hidden layer sizes, activation, how continuous actions meet the action space."""
+
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"
+    action_transform: str = "clip"  # clip | squash
+    init_log_std: float = 0.0
+    critic: bool = True  # GRPO trains without one
+
+
+def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_gain: float = 1.0) -> nn.Sequential:
+    """Linear layers with ``activation`` between them, orthogonal init (CleanRL's)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    layers: list[nn.Module] = []
+    sizes = [in_dim, *hidden_sizes]
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [_init(nn.Linear(a, b), math.sqrt(2)), ACTIVATIONS[activation]()]
+    layers.append(_init(nn.Linear(sizes[-1], out_dim), out_gain))
+    return nn.Sequential(*layers)
+
+
+def _init(layer: nn.Linear, gain: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _flat_dim(space: gym.Space) -> int:
+    return int(math.prod(space.shape)) if space.shape else 1
+
+
+class Actor(nn.Module):
+    """The policy: observation group ``policy`` to an action distribution."""
+
+    def __init__(self, observation_spaces: dict[str, gym.Space], action_space: gym.Space, config: ModelConfig):
+        super().__init__()
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if not self.discrete and not isinstance(action_space, gym.spaces.Box):
+            raise ValueError(f"action space {action_space} is not supported (Discrete or Box)")
+        out_dim = int(action_space.n) if self.discrete else _flat_dim(action_space)
+        self.net = mlp(_flat_dim(observation_spaces["policy"]), config.hidden_sizes, out_dim, config.activation, 0.01)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
+            low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
+            high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)
+            self.register_buffer("action_low", low, persistent=False)
+            self.register_buffer("action_high", high, persistent=False)
+            self.squash = config.action_transform == "squash"
+            if config.action_transform not in ("clip", "squash"):
+                raise ValueError(f"model.action_transform must be 'clip' or 'squash', got {config.action_transform!r}")
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Logits (discrete) or the Gaussian mean (continuous)."""
+        return self.net(obs.flatten(1))
+
+    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled action and its log-probability, without building distribution objects."""
+        out = self(obs)
+        if self.discrete:
+            log_probs = out.log_softmax(-1)
+            action = torch.multinomial(log_probs.exp(), 1, generator=generator)
+            return action.squeeze(1), log_probs.gather(1, action).squeeze(1)
+        noise = torch.randn(out.shape, generator=generator, dtype=out.dtype, device=out.device)
+        action = out + noise * self.log_std.exp()
+        logp = -0.5 * noise.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
+        return action, logp
+
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mode: argmax for discrete actions, the mean for continuous ones."""
+        out = self(obs)
+        return out.argmax(-1) if self.discrete else out
+
+    def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability of ``actions`` and the distribution's entropy, per row (for the loss)."""
+        out = self(obs)
+        if self.discrete:
+            log_probs = out.log_softmax(-1)
+            logp = log_probs.gather(1, actions.long().unsqueeze(1)).squeeze(1)
+            return logp, -(log_probs.exp() * log_probs).sum(-1)
+        dist = torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
+        return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """The action the env receives for a sampled one (continuous: clipped or squashed)."""
+        if self.discrete:
+            return action
+        if self.squash:
+            return self.action_low + (torch.tanh(action) + 1) * 0.5 * (self.action_high - self.action_low)
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+
+
+class Critic(nn.Module):
+    """The value function on observation group ``critic`` (or ``policy`` when the env has none)."""
+
+    def __init__(self, observation_spaces: dict[str, gym.Space], config: ModelConfig):
+        super().__init__()
+        self.group = "critic" if "critic" in observation_spaces else "policy"
+        self.net = mlp(_flat_dim(observation_spaces[self.group]), config.hidden_sizes, 1, config.activation, 1.0)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Values [B] of a batch of observation groups."""
+        return self.net(obs[self.group].flatten(1)).squeeze(-1)
+
+
+class ActorCritic(nn.Module):
+    """The learner's model: ``actor`` (shipped to the shards) and an optional ``critic``."""
+
+    def __init__(self, observation_spaces: dict[str, gym.Space], action_space: gym.Space, config: ModelConfig):
+        super().__init__()
+        self.actor = Actor(observation_spaces, action_space, config)
+        self.critic = Critic(observation_spaces, config) if config.critic else None

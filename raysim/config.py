@@ -1,0 +1,186 @@
+"""The run configuration: typed dataclasses with defaults, read from YAML.
+
+``load_config(path, overrides=["algo.lr=1e-3", ...])`` reads the YAML with a safe loader, applies
+``--set`` style overrides, and maps the result onto ``Config``. An unknown key or a value of the
+wrong type is an error that names the key (and the closest valid key).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.algos.models import ModelConfig
+
+PACKAGED_CONFIGS = Path(__file__).parent / "configs"
+DEFAULT_CONFIG = "cartpole_ppo.yaml"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used, with the key and the file it came from."""
+
+
+@dataclass
+class EnvConfig:
+    """Which env each shard builds, and how many rows."""
+
+    id: str = "raysim/CartPole"  # raysim/<Task> or gym:<Gymnasium id>
+    num_envs: int = 64  # rows per shard
+    kwargs: dict = field(default_factory=dict)  # options for the env factory
+    on_nonfinite: str = "raise"  # raise | mask
+
+
+@dataclass
+class ShardsConfig:
+    """How many EnvShards, and what each asks Ray for."""
+
+    count: int = 1
+    num_cpus: float = 1.0
+    resources: dict = field(default_factory=dict)  # custom Ray resources per shard
+
+
+@dataclass
+class AlgoConfig:
+    """PPO / GRPO hyperparameters (names as in CleanRL's ppo.py)."""
+
+    name: str = "ppo"  # ppo | grpo
+    num_steps: int = 32  # steps per shard per iteration (chunk length T)
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    lr: float = 3e-4
+    lr_schedule: str = "constant"  # constant | linear (to 0 at total_steps)
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    clip_coef: float = 0.2
+    clip_vloss: bool = False
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    norm_adv: bool = True
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None  # stop the epochs early past this approximate KL
+    max_nonfinite_updates: int = 3  # consecutive skipped updates before training stops
+
+
+@dataclass
+class LearnerConfig:
+    """Where the learner runs."""
+
+    device: str = "cpu"  # cpu | cuda | auto (a GPU when Ray gives one)
+    num_gpus: float = 0.0
+    num_cpus: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    """How long to train and what to report."""
+
+    total_steps: int = 100_000  # env steps
+    log_every: int = 1  # iterations
+    eval_episodes: int = 100  # deterministic episodes at the end (0: none)
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    name: str = "run"
+    seed: int = 1
+    env: EnvConfig = field(default_factory=EnvConfig)
+    shards: ShardsConfig = field(default_factory=ShardsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run_dir: str | None = None  # default: runs/<name>
+    backend: str = "ray"  # ray | local (everything in this process; tests, debugging)
+
+
+def resolve_config_path(path: str | Path | None) -> Path:
+    """A config file by path, or by name among the packaged configs (``cartpole_ppo``)."""
+    if path is None:
+        return PACKAGED_CONFIGS / DEFAULT_CONFIG
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    for name in (candidate.name, f"{candidate.name}.yaml"):
+        if (PACKAGED_CONFIGS / name).is_file() and not candidate.exists():
+            return PACKAGED_CONFIGS / name
+    packaged = sorted(p.name for p in PACKAGED_CONFIGS.glob("*.yaml"))
+    raise ConfigError(f"config file {str(path)!r} not found (packaged configs: {packaged})")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (default: the packaged ``cartpole_ppo.yaml``) and apply overrides."""
+    file = resolve_config_path(path)
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{file}: not valid YAML: {error}") from error
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: the top level must be a mapping of keys, got {type(data).__name__}")
+    for item in overrides or []:
+        apply_override(data, item)
+    return from_dict(Config, data, str(file))
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Apply one ``dotted.key=value`` (value parsed as YAML) to a nested dict."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. algo.lr=1e-3")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def from_dict(cls: type, data: Any, where: str, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, checking every key and type."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: {prefix or 'config'} must be a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; valid keys: {sorted(fields)}"
+            raise ConfigError(f"{where}: unknown key {dotted!r}{hint}")
+        values[key] = _convert(hints[key], value, where, dotted)
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, where: str, key: str) -> Any:
+    """``value`` checked (and, for int -> float, widened) against the type ``hint``."""
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, where, key + ".")
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    expected = origin or hint
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is Any or (isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)):
+        if expected is list and args:
+            return [_convert(args[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)]
+        return value
+    raise ConfigError(f"{where}: {key} must be {getattr(expected, '__name__', expected)}, got {value!r}")
+
+
+def to_dict(config: Any) -> dict:
+    """A plain-data copy of a config (for snapshots and logs)."""
+    return dataclasses.asdict(config)

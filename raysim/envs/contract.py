@@ -1,0 +1,110 @@
+"""The batched env contract: N rows that auto-reset in the same step.
+
+A coordinator's shard drives every env the same way::
+
+    obs = env.reset(seed=seed)
+    for t in range(T):
+        step = env.step(actions)          # actions: [N, ...]
+        # step.obs      -> act on it next (finished rows: first obs of the new episode)
+        # step.final_obs[g][i] is row step.done_rows[i] *before* its reset (owned copy)
+        # step.episodes[k][i] is the env-owned report of that row's finished episode
+
+Rules (the same as DESIGN.md, "The step contract"):
+
+- ``terminated`` means the episode reached a terminal state of the task: no bootstrap.
+  ``truncated`` means it was cut short (step limit): bootstrap from ``final_obs``. Both may be
+  true in the same step; then the row counts as terminated.
+- ``final_obs`` holds only the finished rows (``done_rows``), as tensors that no later step, reset
+  or in-place write of the env can change, sharing no storage with the env.
+- ``obs`` may be a view of the env's state: read it (or copy it) before the next ``step``.
+- ``episodes`` is a dict of columns aligned with ``done_rows``; at least ``return`` (float32)
+  and ``length`` (int64), plus ``success`` (bool) where the task defines it, plus any task scalar.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import gymnasium as gym
+import torch
+
+Obs = dict[str, torch.Tensor]
+
+
+@dataclass
+class Step:
+    """What ``BatchedEnv.step`` returns for all N rows."""
+
+    obs: Obs
+    reward: torch.Tensor  # [N] float32
+    terminated: torch.Tensor  # [N] bool
+    truncated: torch.Tensor  # [N] bool
+    done_rows: torch.Tensor  # [K] int64, rows with terminated | truncated, ascending
+    final_obs: Obs  # each [K, ...], owned copies of the pre-reset observation
+    episodes: dict[str, torch.Tensor]  # each [K], the env-owned episode reports
+
+    #: False for rows whose transition must not be trained on (a dropped reset transition);
+    #: None when every row's transition is valid.
+    valid: torch.Tensor | None = None
+
+    # When no row finished (K == 0), ``final_obs`` and ``episodes`` are empty dicts.
+
+
+class BatchedEnv:
+    """Base of every batched env: N rows, same-step auto-reset, compact owned ``final_obs``.
+
+    Subclasses set ``env_id``, ``num_envs``, ``observation_spaces`` (one space per observation
+    group, per row), ``action_space`` (per row) and ``max_episode_steps``, and implement
+    ``reset``, ``reset_rows`` and ``step``. Native torch tasks derive from ``TorchEnv``, which
+    implements the contract once.
+    """
+
+    env_id: str
+    num_envs: int
+    observation_spaces: dict[str, gym.Space]
+    action_space: gym.Space
+    max_episode_steps: int | None
+    #: True when ``reset_rows`` with equal seeds gives equal initial observations.
+    seeded_reset: bool = True
+
+    def reset(self, seed: int | None = None) -> Obs:
+        """Start a new episode in every row; ``seed`` makes the whole batch reproducible."""
+        raise NotImplementedError
+
+    def reset_rows(self, rows: torch.Tensor, seeds: Sequence[int]) -> Obs:
+        """Start a new episode in ``rows``, each from its own seed; returns the obs of all rows.
+
+        Equal seeds give equal initial states (GRPO groups, evaluation episodes rely on it).
+        The rows' running episode bookkeeping is discarded (no report is produced).
+        """
+        raise NotImplementedError
+
+    def step(self, actions: torch.Tensor) -> Step:
+        """Advance every row by one step, auto-resetting the rows that finished."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the env holds (processes, files); a no-op for native envs."""
+
+
+def check_num_envs(num_envs: int) -> int:
+    """Refuse a row count that is not a positive integer."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
+    return num_envs
+
+
+def check_actions(env: BatchedEnv, actions: torch.Tensor) -> None:
+    """Refuse actions whose shape does not match ``[num_envs, *action_space.shape]``."""
+    expected = (env.num_envs, *env.action_space.shape)
+    if tuple(actions.shape) != expected:
+        raise ValueError(
+            f"{env.env_id}: actions must have shape {expected} (num_envs x action shape), "
+            f"got {tuple(actions.shape)}"
+        )
+
+
+def take_rows(obs: Mapping[str, torch.Tensor], rows: torch.Tensor) -> Obs:
+    """Owned copies of ``rows`` of every observation group (advanced indexing copies)."""
+    return {name: value.index_select(0, rows) for name, value in obs.items()}

@@ -1,0 +1,191 @@
+"""The one way Gymnasium environments enter raysim: ``gym:<ID>`` as a batched env.
+
+Gymnasium vector envs reset finished sub-envs in one of three autoreset modes; the adapter turns
+each into raysim's same-step contract:
+
+- ``SAME_STEP``: the vector env resets inside ``step`` and puts the pre-reset observation in
+  ``info["final_obs"]``; the adapter copies those rows out.
+- ``NEXT_STEP`` and ``DISABLED``: the observation returned for a finished row *is* its final
+  observation; the adapter copies it, then resets just those rows at once with
+  ``reset(options={"reset_mask": done})``. The vector env's own reset transition (action ignored,
+  reward 0) therefore never happens. All three modes give the same rows for the same seeds.
+- A native vector env in ``NEXT_STEP`` mode whose ``reset`` cannot reset a subset of rows
+  (``reset_mask``; Gymnasium's ``CartPoleVectorEnv`` is one) is stepped through its own reset
+  transition: that transition is reported with ``Step.valid`` False for the row and is never
+  trained on.
+
+Observations: a ``Box`` space becomes the ``policy`` group; a ``Dict`` of ``Box`` spaces maps each
+key to a group of the same name (``policy`` required). Episode reports carry ``return``,
+``length`` and, where the env's info has ``is_success`` or ``success``, ``success``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from raysim.envs.contract import BatchedEnv, Obs, Step, check_actions, check_num_envs
+
+VECTORIZE = ("sync", "async", "native")
+
+
+class GymAdapter(BatchedEnv):
+    """``gym:<ID>``: any registered Gymnasium id, vectorized (``sync``/``async``) or ``native``."""
+
+    def __init__(
+        self,
+        gym_id: str,
+        num_envs: int,
+        seed: int | None = None,
+        vectorize: str = "sync",
+        autoreset_mode: str | None = None,
+        **env_kwargs: Any,
+    ):
+        self.env_id = f"gym:{gym_id}"
+        self.num_envs = check_num_envs(num_envs)
+        if vectorize not in VECTORIZE:
+            raise ValueError(f"{self.env_id}: vectorize must be one of {VECTORIZE}, got {vectorize!r}")
+        if gym_id not in gym.registry:
+            close = [k for k in gym.registry if gym_id.lower().split("-")[0] in k.lower()][:5]
+            raise ValueError(f"unknown Gymnasium id {gym_id!r}" + (f"; similar ids: {close}" if close else ""))
+        mode = {"sync": "sync", "async": "async", "native": "vector_entry_point"}[vectorize]
+        vector_kwargs = {}
+        if autoreset_mode is not None and vectorize != "native":
+            vector_kwargs["autoreset_mode"] = AutoresetMode(autoreset_mode)
+        self.vec = gym.make_vec(gym_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **env_kwargs)
+        self.mode = AutoresetMode(self.vec.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        self.masked_reset = vectorize != "native"  # Sync/AsyncVectorEnv honour reset_mask
+        if not self.masked_reset and self.mode == AutoresetMode.DISABLED:
+            raise ValueError(f"{self.env_id}: a native vector env with autoreset DISABLED is not supported")
+        self.action_space = self.vec.single_action_space
+        self.observation_spaces = _observation_groups(self.env_id, self.vec.single_observation_space)
+        spec = gym.spec(gym_id)
+        self.max_episode_steps = env_kwargs.get("max_episode_steps", spec.max_episode_steps)
+        self.episode_return = np.zeros(self.num_envs, dtype=np.float32)
+        self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
+        self._pending_reset = np.zeros(self.num_envs, dtype=bool)
+        self._seed = seed
+        self._obs: Obs = {}
+        self.reset(seed)
+
+    def reset(self, seed: int | None = None) -> Obs:
+        obs, _ = self.vec.reset(seed=seed)
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+        self._pending_reset[:] = False
+        self._obs = self._to_groups(obs)
+        return self._obs
+
+    def reset_rows(self, rows: torch.Tensor, seeds: Sequence[int]) -> Obs:
+        if not self.masked_reset:
+            raise ValueError(f"{self.env_id}: a native vector env cannot reset single rows with seeds")
+        rows_np = np.asarray(torch.as_tensor(rows).reshape(-1).tolist(), dtype=np.int64)
+        mask = np.zeros(self.num_envs, dtype=bool)
+        mask[rows_np] = True
+        per_row: list[int | None] = [None] * self.num_envs
+        for row, seed in zip(rows_np.tolist(), seeds, strict=True):
+            per_row[row] = int(seed)
+        obs, _ = self.vec.reset(seed=per_row, options={"reset_mask": mask})
+        self.episode_return[mask] = 0.0
+        self.episode_length[mask] = 0
+        self._obs = self._to_groups(obs)
+        return self._obs
+
+    def step(self, actions: torch.Tensor) -> Step:
+        check_actions(self, actions)
+        obs, reward, terminated, truncated, info = self.vec.step(actions.cpu().numpy())
+        reward = np.asarray(reward, dtype=np.float32)
+        terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
+        valid = ~self._pending_reset
+        if not valid.all():  # the reset transition of a native NEXT_STEP env: drop it
+            reward, terminated, truncated = reward * valid, terminated & valid, truncated & valid
+        done = terminated | truncated
+        self.episode_return += reward
+        self.episode_length += valid
+        done_rows = np.flatnonzero(done)
+        final_obs: Obs = {}
+        episodes: dict[str, torch.Tensor] = {}
+        if done_rows.size:
+            if self.mode == AutoresetMode.SAME_STEP:
+                final = _stack([info["final_obs"][i] for i in done_rows])
+                final_info = [info["final_info"][i] for i in done_rows]
+            else:
+                final = _take(obs, done_rows)
+                final_info = [_row_info(info, i) for i in done_rows]
+            final_obs = self._to_groups(final)
+            episodes = {
+                "return": torch.from_numpy(self.episode_return[done_rows].copy()),
+                "length": torch.from_numpy(self.episode_length[done_rows].copy()),
+            }
+            success = [_success(i) for i in final_info]
+            if all(s is not None for s in success):
+                episodes["success"] = torch.tensor(success, dtype=torch.bool)
+            self.episode_return[done_rows] = 0.0
+            self.episode_length[done_rows] = 0
+            if self.mode != AutoresetMode.SAME_STEP and self.masked_reset:
+                obs, _ = self.vec.reset(options={"reset_mask": done.copy()})
+        # A native NEXT_STEP env resets these rows in its next step: that transition is dropped.
+        self._pending_reset = done & (self.mode == AutoresetMode.NEXT_STEP and not self.masked_reset)
+        self._obs = self._to_groups(obs)
+        return Step(
+            obs=self._obs,
+            reward=torch.from_numpy(reward),
+            terminated=torch.from_numpy(terminated),
+            truncated=torch.from_numpy(truncated),
+            done_rows=torch.from_numpy(done_rows.astype(np.int64)),
+            final_obs=final_obs,
+            episodes=episodes,
+            valid=None if valid.all() else torch.from_numpy(valid.copy()),
+        )
+
+    def close(self) -> None:
+        self.vec.close()
+
+    def _to_groups(self, obs: Any) -> Obs:
+        """Owned float32 tensors, one per observation group."""
+        if not isinstance(obs, dict):
+            obs = {"policy": obs}
+        return {k: torch.tensor(np.asarray(obs[k]), dtype=torch.float32) for k in self.observation_spaces}
+
+
+def _observation_groups(env_id: str, space: gym.Space) -> dict[str, gym.Space]:
+    if isinstance(space, gym.spaces.Box):
+        return {"policy": space}
+    if isinstance(space, gym.spaces.Dict) and "policy" in space.spaces:
+        if all(isinstance(s, gym.spaces.Box) for s in space.spaces.values()):
+            return dict(space.spaces)
+    raise ValueError(
+        f"{env_id}: observation space {space} is not supported; use a Box, or a Dict of Boxes with a "
+        "'policy' key (wrap the env with gymnasium.wrappers.FlattenObservation for other spaces)"
+    )
+
+
+def _take(obs: Any, rows: np.ndarray) -> Any:
+    """Copies of ``rows`` of a batched observation (array or dict of arrays)."""
+    if isinstance(obs, dict):
+        return {k: np.asarray(v)[rows] for k, v in obs.items()}
+    return np.asarray(obs)[rows]
+
+
+def _stack(per_row: list) -> Any:
+    """One batched observation from a list of single-row observations."""
+    if isinstance(per_row[0], dict):
+        return {k: np.stack([o[k] for o in per_row]) for k in per_row[0]}
+    return np.stack(per_row)
+
+
+def _row_info(info: dict, row: int) -> dict:
+    return {k: v[row] for k, v in info.items() if not k.startswith("_") and info.get(f"_{k}", np.ones(row + 1, bool))[row]}
+
+
+def _success(info: dict | None) -> bool | None:
+    if not info:
+        return None
+    for key in ("is_success", "success"):
+        if key in info:
+            return bool(info[key])
+    return None

@@ -1,0 +1,70 @@
+"""Values, terminal-value bootstrap and GAE for one rollout chunk (learner side).
+
+The next-state value of step ``t``, row ``n`` (DESIGN.md, "Values, bootstrap and advantages"):
+
+- ``V(obs[t+1])`` if the row did not finish at ``t``;
+- ``V(final_obs)`` if it was truncated and not terminated (the episode was cut, not ended);
+- ``0`` if it was terminated (also when truncated in the same step).
+
+GAE cuts the lambda-trace at every episode end and at masked transitions; the reward is never
+modified.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raysim.algos.models import Critic
+from raysim.rollout.chunk import RolloutChunk
+from raysim.rollout.inference import inference
+
+
+def terminal_values(critic: Critic, chunk: RolloutChunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(t, row, V(final_obs))`` for the eligible rows only: truncated and not terminated.
+
+    One forward pass over the eligible rows' compact final_obs; none when no row is eligible.
+    """
+    t, row = chunk.final_t, chunk.final_row
+    eligible = (chunk.truncated[t, row] & ~chunk.terminated[t, row]).nonzero().squeeze(1)
+    if eligible.numel() == 0:
+        return t[:0], row[:0], torch.zeros(0)
+    final_obs = {k: v.index_select(0, eligible) for k, v in chunk.final_obs.items()}
+    with inference(critic):
+        values = critic(final_obs)
+    return t[eligible], row[eligible], values
+
+
+def chunk_values(critic: Critic, chunk: RolloutChunk) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values [T, N], next_values [T, N])`` of a chunk, by the next-state value rule.
+
+    The critic sees all T+1 observations in one batch, then the eligible final_obs in a second.
+    """
+    T, N = chunk.num_steps, chunk.num_envs
+    obs = {k: v.flatten(0, 1) for k, v in chunk.obs.items()}
+    with inference(critic):
+        all_values = critic(obs).reshape(T + 1, N)
+    next_values = all_values[1:].clone()
+    next_values[chunk.terminated | chunk.truncated] = 0.0
+    t, row, values = terminal_values(critic, chunk)
+    next_values[t, row] = values
+    return all_values[:T], next_values
+
+
+def gae(
+    reward: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    done: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> torch.Tensor:
+    """Generalized advantage estimates [T, N]; the trace is cut where ``done`` or not ``mask``."""
+    advantages = torch.zeros_like(reward)
+    last = torch.zeros_like(reward[0])
+    carry = gamma * lam * (~done).to(reward.dtype)
+    for t in range(reward.shape[0] - 1, -1, -1):
+        delta = reward[t] + gamma * next_values[t] - values[t]
+        last = torch.where(mask[t], delta + carry[t] * last, 0.0)
+        advantages[t] = last
+    return advantages

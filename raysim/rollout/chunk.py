@@ -1,0 +1,42 @@
+"""``RolloutChunk``: what one EnvShard hands the learner for one iteration.
+
+All tensors were allocated for this chunk (owned, no views into buffers the shard reuses).
+Shapes: T steps, N rows, K finished rows, E completed episodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RolloutChunk:
+    obs: dict[str, torch.Tensor]  # [T+1, N, ...]; obs[T] is where the next chunk starts
+    actions: torch.Tensor  # [T, N, ...] as sampled (before the env's clip or squash)
+    logp: torch.Tensor  # [T, N] log-probability of the actions under the acting policy
+    reward: torch.Tensor  # [T, N] float32, as the env gave it
+    terminated: torch.Tensor  # [T, N] bool
+    truncated: torch.Tensor  # [T, N] bool
+    mask: torch.Tensor  # [T, N] bool, False for transitions never to train on
+    final_obs: dict[str, torch.Tensor]  # [K, ...] pre-reset observations of finished rows
+    final_t: torch.Tensor  # [K] int64, the step of each final_obs
+    final_row: torch.Tensor  # [K] int64, the row of each final_obs
+    episodes: dict[str, torch.Tensor]  # [E] columns: env-owned reports plus "row" and "t"
+    policy_version: int
+    shard: int = 0
+    nonfinite: int = 0  # rows masked because the env returned a non-finite value
+
+    @property
+    def num_steps(self) -> int:
+        return self.reward.shape[0]
+
+    @property
+    def num_envs(self) -> int:
+        return self.reward.shape[1]
+
+    @property
+    def env_steps(self) -> int:
+        """Valid transitions in the chunk."""
+        return int(self.mask.sum())
