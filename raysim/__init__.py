@@ -1,3 +1,7 @@
 """raysim: Ray-based rollout collection and PPO / GRPO training for batched environments."""
 
+from raysim.config import Config, load_config
+from raysim.coordinator import Summary, Trainer
+
 __version__ = "0.1.0"
+__all__ = ["Config", "Summary", "Trainer", "load_config"]

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from raysim.algos.models import ModelConfig
+from raysim.algos.ppo import PPOConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "cartpole_ppo.yaml"
@@ -47,28 +48,6 @@ class ShardsConfig:
 
 
 @dataclass
-class AlgoConfig:
-    """PPO / GRPO hyperparameters (names as in CleanRL's ppo.py)."""
-
-    name: str = "ppo"  # ppo | grpo
-    num_steps: int = 32  # steps per shard per iteration (chunk length T)
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    lr: float = 3e-4
-    lr_schedule: str = "constant"  # constant | linear (to 0 at total_steps)
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    clip_coef: float = 0.2
-    clip_vloss: bool = False
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    norm_adv: bool = True
-    max_grad_norm: float = 0.5
-    target_kl: float | None = None  # stop the epochs early past this approximate KL
-    max_nonfinite_updates: int = 3  # consecutive skipped updates before training stops
-
-
-@dataclass
 class LearnerConfig:
     """Where the learner runs."""
 
@@ -79,11 +58,24 @@ class LearnerConfig:
 
 @dataclass
 class TrainConfig:
-    """How long to train and what to report."""
+    """How long to train and how often to report."""
 
-    total_steps: int = 100_000  # env steps
-    log_every: int = 1  # iterations
-    eval_episodes: int = 100  # deterministic episodes at the end (0: none)
+    total_steps: int = 100_000  # env steps, summed over shards
+    log_every: int = 1  # iterations between progress lines
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation: balanced episodes over dedicated evaluation shards."""
+
+    episodes: int = 100  # at the end of training (0: none)
+    every: int = 0  # also every this many iterations (0: only at the end)
+    shards: int = 1
+    num_envs: int = 10  # rows per evaluation shard
+    seed: int = 12345
+    deterministic: bool = True  # argmax / mean action
+    confidence: float = 0.95
+    max_steps: int | None = None  # batched steps per shard; default: every quota at the episode limit
 
 
 @dataclass
@@ -95,9 +87,10 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    algo: PPOConfig = field(default_factory=PPOConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run_dir: str | None = None  # default: runs/<name>
     backend: str = "ray"  # ray | local (everything in this process; tests, debugging)
 

@@ -1,0 +1,85 @@
+"""Where roles become Ray actors, or stay in-process: the one place that makes and calls them.
+
+The coordinator writes its loop once against ``Backend``::
+
+    shard = backend.create(EnvShard, env_id, num_envs, seed=1, options={"num_cpus": 1})
+    ref = shard.call("rollout", weights, T)     # Ray: an ObjectRef; local: the value
+    chunk = backend.get(ref)
+
+``RayBackend`` applies ``ray.remote`` to the plain class; ``LocalBackend`` calls it directly
+(tests, debugging, the latency benchmark).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Handle:
+    """A role instance: ``call(method, *args)`` returns a future (Ray) or the result (local)."""
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+class Backend:
+    name: str
+
+    def create(self, cls: type, *args: Any, options: dict | None = None, **kwargs: Any) -> Handle:
+        raise NotImplementedError
+
+    def get(self, value: Any) -> Any:
+        """The result of a ``call`` (or a list of them)."""
+        raise NotImplementedError
+
+    def kill(self, handle: Handle) -> None:
+        """Stop the role's process, if it has one."""
+
+
+class _LocalHandle(Handle):
+    def __init__(self, instance: Any):
+        self.instance = instance
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.instance, method)(*args, **kwargs)
+
+
+class LocalBackend(Backend):
+    """Everything in this process, no Ray."""
+
+    name = "local"
+
+    def create(self, cls: type, *args: Any, options: dict | None = None, **kwargs: Any) -> Handle:
+        return _LocalHandle(cls(*args, **kwargs))
+
+    def get(self, value: Any) -> Any:
+        return value
+
+
+class _RayHandle(Handle):
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.actor, method).remote(*args, **kwargs)
+
+
+class RayBackend(Backend):
+    """Each role a Ray actor; ``options`` are Ray's actor options (num_cpus, num_gpus, resources)."""
+
+    name = "ray"
+
+    def __init__(self):
+        import ray
+
+        self.ray = ray
+
+    def create(self, cls: type, *args: Any, options: dict | None = None, **kwargs: Any) -> Handle:
+        actor_cls = self.ray.remote(cls)
+        return _RayHandle(actor_cls.options(**(options or {})).remote(*args, **kwargs))
+
+    def get(self, value: Any) -> Any:
+        return self.ray.get(value)
+
+    def kill(self, handle: Handle) -> None:
+        self.ray.kill(handle.actor)
