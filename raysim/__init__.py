@@ -2,6 +2,7 @@
 
 from raysim.config import Config, load_config
 from raysim.coordinator import Summary, Trainer
+from raysim.evaluation import EvalReport, evaluate
 
 __version__ = "0.1.0"
-__all__ = ["Config", "Summary", "Trainer", "load_config"]
+__all__ = ["Config", "EvalReport", "Summary", "Trainer", "evaluate", "load_config"]

@@ -35,6 +35,10 @@ class Backend:
     def kill(self, handle: Handle) -> None:
         """Stop the role's process, if it has one."""
 
+    def is_actor_failure(self, error: BaseException) -> bool:
+        """True when ``error`` says the role's process died (the role can be replaced)."""
+        return False
+
 
 class _LocalHandle(Handle):
     def __init__(self, instance: Any):
@@ -83,3 +87,6 @@ class RayBackend(Backend):
 
     def kill(self, handle: Handle) -> None:
         self.ray.kill(handle.actor)
+
+    def is_actor_failure(self, error: BaseException) -> bool:
+        return isinstance(error, self.ray.exceptions.RayActorError)

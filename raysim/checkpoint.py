@@ -38,3 +38,16 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except Exception as error:
         raise RuntimeError(f"checkpoint file {path / 'state.pt'} cannot be loaded: {error}") from error
     return state, meta
+
+
+def locate_checkpoint(path: str | Path) -> tuple[Path, Path]:
+    """``(run_dir, checkpoint_dir)`` for a run directory (its newest checkpoint) or a checkpoint directory."""
+    path = Path(path)
+    if (path / "state.pt").is_file():
+        return path.parent.parent, path
+    if not (path / "configs" / "train.yaml").is_file():
+        raise FileNotFoundError(f"{path} is neither a run directory (configs/train.yaml) nor a checkpoint (state.pt)")
+    steps = sorted((int(p.name), p) for p in (path / "checkpoints").glob("*") if p.name.isdigit())
+    if not steps:
+        raise FileNotFoundError(f"run directory {path} has no checkpoint under checkpoints/")
+    return path, steps[-1][1]

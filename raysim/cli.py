@@ -31,6 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded local Ray)")
     train.add_argument("--local", action="store_true", help="run every role in this process, without Ray")
 
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a trained policy",
+        description="Evaluate a run's newest checkpoint (or a checkpoint directory) over balanced, seeded episodes "
+                    "and print the completion and success rates with Wilson intervals.")
+    evaluate.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
+    evaluate.add_argument("--episodes", type=int, default=100, help="episodes requested (default 100)")
+    evaluate.add_argument("--seed", type=int, help="evaluation seed (default: the run's eval.seed)")
+    evaluate.add_argument("--shards", type=int, help="evaluation shards (the result does not depend on it)")
+    evaluate.add_argument("--envs-per-shard", type=int, help="rows per evaluation shard")
+    evaluate.add_argument("--out", help="write one record per counted episode to this Parquet file")
+    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of argmax / mean")
+    evaluate.add_argument("--no-quotas", action="store_true", help='count the first episodes to finish (biased; for comparison)')
+    evaluate.add_argument("--local", action="store_true", help="run in this process, without Ray")
+    evaluate.add_argument("--address", help="Ray cluster to attach to")
+
     bench = commands.add_parser("bench", help="benchmarks", description="Run a benchmark (see README).")
     bench.add_argument("name", choices=["collect"], help="collect: rollout collection latency against peers")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
@@ -42,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return train(args)
+        if args.command == "eval":
+            return evaluate(args)
         if args.command == "bench":
             from raysim.bench.collect import main as collect
 
@@ -74,6 +91,20 @@ def train(args: argparse.Namespace) -> int:
         print(f"evaluation: {report.completed}/{report.requested} episodes completed, return {mean}")
     print(f"run directory: {summary.run_dir}")
     return 130 if summary.interrupted else 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from raysim.evaluation import evaluate as run_evaluation, format_report
+
+    report = run_evaluation(
+        args.path, episodes=args.episodes, seed=args.seed, shards=args.shards, envs_per_shard=args.envs_per_shard,
+        deterministic=not args.stochastic, balanced=not args.no_quotas, out=args.out,
+        backend="local" if args.local else None, address=args.address,
+    )
+    print(format_report(report))
+    if args.out:
+        print(f"records: {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

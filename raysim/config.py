@@ -74,7 +74,8 @@ class EvalConfig:
     num_envs: int = 10  # rows per evaluation shard
     seed: int = 12345
     deterministic: bool = True  # argmax / mean action
-    confidence: float = 0.95
+    balanced: bool = True  # per-row quotas; False: plain "first n to finish" (biased, for comparison)
+    confidence: float = 0.95  # of the Wilson intervals
     max_steps: int | None = None  # batched steps per shard; default: every quota at the episode limit
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from raysim.actors import Backend, LocalBackend, RayBackend
+from raysim.actors import Backend, Handle, LocalBackend, RayBackend
 from raysim.checkpoint import save_checkpoint
 from raysim.config import Config, to_dict
-from raysim.evaluation import EvalReport, evaluate_on_shards
+from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.learner import Learner
 from raysim.metrics import ConsoleSink, ParquetSink
 from raysim.rollout.shard import EnvShard
@@ -57,7 +57,7 @@ class Trainer:
         """Run to ``train.total_steps`` env steps (Ctrl-C stops cleanly); evaluate; save."""
         cfg = self.config
         t0 = time.perf_counter()
-        backend = self._backend()
+        backend, self.started_ray = start_backend(cfg, self.address)
         try:
             iterations = max(1, math.ceil(cfg.train.total_steps / steps_per_iteration(cfg)))
             shards, eval_shards, learner, max_episode_steps = self._create_roles(backend, iterations)
@@ -75,7 +75,7 @@ class Trainer:
                     env_steps += int(metrics["env_steps"])
                     if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration < iterations:
                         e0 = time.perf_counter()
-                        report = self._evaluate(backend, eval_shards, weights, max_episode_steps)
+                        report = self._evaluate(backend, eval_shards, weights, max_episode_steps, iteration)
                         metrics["eval_return"] = report.mean_return if report.mean_return is not None else math.nan
                         eval_time += time.perf_counter() - e0
                     if iteration % cfg.train.log_every == 0 or iteration == iterations:
@@ -92,7 +92,7 @@ class Trainer:
             save_checkpoint(self.run_dir, iteration, state, {"iteration": iteration, "env_steps": env_steps})
             report = None
             if cfg.eval.episodes > 0 and not interrupted:
-                report = self._evaluate(backend, eval_shards, weights, max_episode_steps)
+                report = self._evaluate(backend, eval_shards, weights, max_episode_steps, iteration)
             for sink in sinks:
                 sink.close()
             return Summary(env_steps, iteration, wall, startup, str(self.run_dir), metrics, report, interrupted)
@@ -102,51 +102,69 @@ class Trainer:
 
                 ray.shutdown()
 
-    def _backend(self) -> Backend:
-        if self.config.backend == "local":
-            return LocalBackend()
-        if self.config.backend != "ray":
-            raise ValueError(f"backend must be 'ray' or 'local', got {self.config.backend!r}")
-        import ray
-
-        if not ray.is_initialized():
-            address = self.address or os.environ.get("RAY_ADDRESS")
-            if address:
-                ray.init(address=address)
-            else:  # the embedded local Ray: enough logical CPUs for every role of this run
-                cfg = self.config
-                wanted = cfg.shards.count * cfg.shards.num_cpus + cfg.eval.shards * cfg.shards.num_cpus + cfg.learner.num_cpus
-                ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), include_dashboard=False)
-            self.started_ray = True
-        return RayBackend()
-
     def _create_roles(self, backend: Backend, iterations: int):
         cfg = self.config
-        shard_options = {"num_cpus": cfg.shards.num_cpus, "resources": dict(cfg.shards.resources)}
-        common = dict(model=cfg.model, env_kwargs=cfg.env.kwargs, on_nonfinite=cfg.env.on_nonfinite)
-        shards = [
-            backend.create(EnvShard, cfg.env.id, cfg.env.num_envs, seed=derive_seed(cfg.seed, 10, i),
-                           shard_index=i, options=shard_options, **common)
-            for i in range(cfg.shards.count)
-        ]
-        eval_shards = [
-            backend.create(EnvShard, cfg.env.id, cfg.eval.num_envs, seed=derive_seed(cfg.eval.seed, 11, i),
-                           shard_index=i, options=shard_options, **common)
-            for i in range(cfg.eval.shards if (cfg.eval.episodes or cfg.eval.every) else 0)
-        ]
+        shards = [create_shard(backend, cfg, i) for i in range(cfg.shards.count)]
+        eval_count = cfg.eval.shards if (cfg.eval.episodes or cfg.eval.every) else 0
+        eval_shards = [create_shard(backend, cfg, i, evaluation=True) for i in range(eval_count)]
         observation_spaces, action_space, max_episode_steps = backend.get(shards[0].call("spaces"))
         learner_options = {"num_cpus": cfg.learner.num_cpus, "num_gpus": cfg.learner.num_gpus}
         learner = backend.create(Learner, observation_spaces, action_space, cfg.model, cfg.algo, iterations,
                                  seed=cfg.seed, device=cfg.learner.device, options=learner_options)
         return shards, eval_shards, learner, max_episode_steps
 
-    def _evaluate(self, backend: Backend, eval_shards: list, weights: Any, max_episode_steps: int | None) -> EvalReport:
-        cfg = self.config.eval
-        rows = [cfg.num_envs] * len(eval_shards)
-        per_row = math.ceil(cfg.episodes / max(1, sum(rows)))
-        max_steps = cfg.max_steps or per_row * (max_episode_steps or 1000)
-        return evaluate_on_shards(backend, eval_shards, rows, weights, cfg.episodes, cfg.seed, max_steps,
-                                  cfg.deterministic, cfg.confidence)
+    def _evaluate(self, backend: Backend, eval_shards: list, weights: Any, max_episode_steps: int | None,
+                  iteration: int) -> EvalReport:
+        cfg = self.config
+        report = evaluate_on_shards(
+            backend, lambda i: create_shard(backend, cfg, i, evaluation=True), eval_shards,
+            [cfg.eval.num_envs] * len(eval_shards), weights, eval_spec(cfg, max_episode_steps),
+        )
+        write_records(self.run_dir / "eval" / f"{iteration}.parquet", report.records)
+        return report
+
+
+def start_backend(config: Config, address: str | None = None) -> tuple[Backend, bool]:
+    """The backend of ``config``; starts an embedded local Ray when none is running and no address is given.
+
+    Returns ``(backend, started)``: ``started`` is True when this call started Ray (then the
+    caller shuts it down).
+    """
+    if config.backend == "local":
+        return LocalBackend(), False
+    if config.backend != "ray":
+        raise ValueError(f"backend must be 'ray' or 'local', got {config.backend!r}")
+    import ray
+
+    if ray.is_initialized():
+        return RayBackend(), False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+    else:  # the embedded local Ray: enough logical CPUs for every role of this run
+        wanted = (config.shards.count + config.eval.shards) * config.shards.num_cpus + config.learner.num_cpus
+        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), include_dashboard=False)
+    return RayBackend(), True
+
+
+def create_shard(backend: Backend, config: Config, index: int, evaluation: bool = False) -> Handle:
+    """Training shard ``index`` (or evaluation shard ``index``) of ``config``."""
+    num_envs = config.eval.num_envs if evaluation else config.env.num_envs
+    seed = derive_seed(config.eval.seed if evaluation else config.seed, 11 if evaluation else 10, index)
+    return backend.create(
+        EnvShard, config.env.id, num_envs, seed=seed, model=config.model, env_kwargs=config.env.kwargs,
+        shard_index=index, on_nonfinite=config.env.on_nonfinite,
+        options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},
+    )
+
+
+def eval_spec(config: Config, max_episode_steps: int | None) -> EvalSpec:
+    """The evaluation of ``config``; the default step budget covers every quota at the episode limit."""
+    cfg = config.eval
+    rows = max(1, cfg.shards * cfg.num_envs)
+    per_row = math.ceil(cfg.episodes / rows) if cfg.balanced else cfg.episodes
+    max_steps = cfg.max_steps or per_row * (max_episode_steps or 1000)
+    return EvalSpec(cfg.episodes, cfg.seed, max_steps, cfg.deterministic, cfg.balanced, cfg.confidence)
 
 
 def steps_per_iteration(config: Config) -> int:

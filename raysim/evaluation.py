@@ -10,9 +10,12 @@ return and length statistics over the completed episodes.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import NormalDist
+from typing import Callable
 
 from raysim.actors import Backend, Handle
 
@@ -97,23 +100,156 @@ def _stats(values: list[float]) -> dict[str, float | None]:
     return {"mean": statistics.fmean(values), "std": statistics.pstdev(values), "min": min(values), "max": max(values)}
 
 
+@dataclass
+class EvalSpec:
+    """What to evaluate: how many episodes, from which seed, how they are counted."""
+
+    episodes: int
+    seed: int
+    max_steps: int  # batched steps per shard
+    deterministic: bool = True
+    balanced: bool = True  # False: plain "first n to finish" (biased toward short episodes)
+    confidence: float = 0.95
+
+
 def evaluate_on_shards(
     backend: Backend,
+    make_shard: Callable[[int], Handle],
     shards: list[Handle],
     rows_per_shard: list[int],
     weights: object,
-    episodes: int,
-    seed: int,
-    max_steps: int,
-    deterministic: bool = True,
-    confidence: float = 0.95,
+    spec: EvalSpec,
+    on_scored_episode: Callable[[dict], None] | None = None,
+    on_episode: Callable[[dict], None] | None = None,
+    max_restarts: int = 3,
 ) -> EvalReport:
-    """Run ``episodes`` balanced episodes over the shards' rows and summarize them."""
-    row_quotas = quotas(episodes, sum(rows_per_shard))
-    calls, offset = [], 0
-    for shard, rows in zip(shards, rows_per_shard):
-        calls.append(shard.call("evaluate", weights, row_quotas[offset : offset + rows], offset, seed, max_steps, deterministic))
-        offset += rows
-    records = [r for part in backend.get(calls) for r in part]
-    records.sort(key=lambda r: (r["row"], r["episode"]))
-    return summarize(records, episodes, confidence)
+    """Run ``spec.episodes`` episodes over the shards' rows and summarize them.
+
+    A shard whose process dies is replaced (``make_shard(i)``, also written into ``shards``) and
+    its rows are played again from the same seeds, so the report equals that of a run without
+    the fault. The callbacks see each counted episode once, ordered by (row, episode).
+    """
+    rows = sum(rows_per_shard)
+    row_quotas = quotas(spec.episodes, rows) if spec.balanced else [spec.episodes] * rows
+    stop_after = None if spec.balanced else spec.episodes
+    offsets = [sum(rows_per_shard[:i]) for i in range(len(shards))]
+
+    def call(i: int):
+        part = row_quotas[offsets[i] : offsets[i] + rows_per_shard[i]]
+        args = (weights, part, offsets[i], spec.seed, spec.max_steps, spec.deterministic, stop_after)
+        return shards[i].call("evaluate", *args)
+
+    pending = {i: call(i) for i in range(len(shards))}
+    results: list[tuple[dict, dict]] = []
+    restarts = 0
+    while pending:
+        i, future = pending.popitem()
+        try:
+            results += backend.get(future)
+        except Exception as error:
+            if not backend.is_actor_failure(error) or restarts >= max_restarts:
+                raise
+            restarts += 1
+            print(f"evaluation shard {i} died ({type(error).__name__}); replacing it and replaying its rows", flush=True)
+            shards[i] = make_shard(i)
+            pending[i] = call(i)
+    if spec.balanced:
+        results.sort(key=lambda pair: (pair[0]["row"], pair[0]["episode"]))
+    else:  # the first episodes to finish, over all shards
+        results = sorted(results, key=lambda pair: (pair[0]["step"], pair[0]["row"]))[: spec.episodes]
+        results.sort(key=lambda pair: (pair[0]["row"], pair[0]["episode"]))
+    for record, report in results:
+        if on_scored_episode is not None:
+            on_scored_episode(dict(record))
+        if on_episode is not None:
+            on_episode(report)
+    return summarize([record for record, _ in results], spec.episodes, spec.confidence)
+
+
+def write_records(path: str | Path, records: list[dict]) -> None:
+    """Write episode records to Parquet (atomically: a temporary file, then rename)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(k for record in records for k in record)) or ["row", "episode", "seed", "return", "length"]
+    table = pa.table({k: [record.get(k) for record in records] for k in columns})
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def format_report(report: EvalReport) -> str:
+    """A readable table of an evaluation report."""
+
+    def rate(r: Rate | None) -> str:
+        if r is None:
+            return "n/a (the task defines no success)"
+        if r.value is None:
+            return f"{r.numerator}/{r.denominator}  (no denominator)"
+        lo, hi = r.interval
+        return f"{r.numerator}/{r.denominator} = {r.value:.3f}  [{lo:.3f}, {hi:.3f}]"
+
+    def stats(s: dict) -> str:
+        if s["mean"] is None:
+            return "n/a (no completed episode)"
+        return f"{s['mean']:.2f} +- {s['std']:.2f}  (min {s['min']:.2f}, max {s['max']:.2f})"
+
+    level = f"{100 * report.confidence:g}% Wilson"
+    lines = [
+        f"requested episodes n   {report.requested}",
+        f"completed c / n        {rate(report.completion_rate)}   {level}",
+        f"success k / c          {rate(report.success_rate)}",
+        f"success k / n          {rate(report.success_per_requested)}",
+        f"return                 {stats(report.returns)}",
+        f"length                 {stats(report.lengths)}",
+    ]
+    return "\n".join(lines)
+
+
+def evaluate(
+    run_dir_or_checkpoint: str | Path,
+    episodes: int = 100,
+    seed: int | None = None,
+    shards: int | None = None,
+    envs_per_shard: int | None = None,
+    deterministic: bool = True,
+    balanced: bool = True,
+    out: str | Path | None = None,
+    backend: str | None = None,
+    address: str | None = None,
+    on_scored_episode: Callable[[dict], None] | None = None,
+    on_episode: Callable[[dict], None] | None = None,
+) -> EvalReport:
+    """Evaluate a run's latest checkpoint (or the given checkpoint directory); see ``raysim eval``."""
+    from raysim.checkpoint import load_checkpoint, locate_checkpoint
+    from raysim.config import load_config
+    from raysim.coordinator import create_shard, eval_spec, start_backend
+
+    run_dir, checkpoint = locate_checkpoint(run_dir_or_checkpoint)
+    overrides = [f"eval.episodes={episodes}", f"eval.deterministic={deterministic}", f"eval.balanced={balanced}"]
+    for key, value in (("eval.seed", seed), ("eval.shards", shards), ("eval.num_envs", envs_per_shard), ("backend", backend)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    config = load_config(run_dir / "configs" / "train.yaml", overrides)
+    state, meta = load_checkpoint(checkpoint)
+    actor = {k[len("actor.") :]: v for k, v in state["model"].items() if k.startswith("actor.")}
+    weights = {"version": int(meta.get("iteration", 0)), "actor": actor}
+    runner, started = start_backend(config, address)
+    try:
+        handles = [create_shard(runner, config, i, evaluation=True) for i in range(config.eval.shards)]
+        _, _, max_episode_steps = runner.get(handles[0].call("spaces"))
+        report = evaluate_on_shards(
+            runner, lambda i: create_shard(runner, config, i, evaluation=True), handles,
+            [config.eval.num_envs] * len(handles), weights, eval_spec(config, max_episode_steps),
+            on_scored_episode, on_episode,
+        )
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    if out is not None:
+        write_records(out, report.records)
+    return report

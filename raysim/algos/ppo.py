@@ -51,7 +51,8 @@ def clipped_objective(logratio: torch.Tensor, advantages: torch.Tensor, clip_coe
     ``A * r``, as in the classic form (whose clamp passes the gradient at its bounds).
     """
     positive = advantages >= 0
-    bound = torch.where(positive, math.log1p(clip_coef), math.log1p(-clip_coef))
+    # the bounds in the log-ratio's dtype (Python scalars alone would give float32 bounds)
+    bound = torch.where(positive, logratio.new_tensor(math.log1p(clip_coef)), logratio.new_tensor(math.log1p(-clip_coef)))
     inside = torch.where(positive, logratio <= bound, logratio >= bound)
     return advantages * torch.exp(torch.where(inside, logratio, bound))
 

@@ -23,6 +23,7 @@ Rules (the same as DESIGN.md, "The step contract"):
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -90,9 +91,9 @@ class BatchedEnv:
 
 def check_num_envs(num_envs: int) -> int:
     """Refuse a row count that is not a positive integer."""
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+    if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
         raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
-    return num_envs
+    return int(num_envs)  # NumPy integers (e.g. from a split of rows over shards) count too
 
 
 def check_actions(env: BatchedEnv, actions: torch.Tensor) -> None:

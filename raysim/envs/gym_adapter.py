@@ -54,7 +54,9 @@ class GymAdapter(BatchedEnv):
             raise ValueError(f"unknown Gymnasium id {gym_id!r}" + (f"; similar ids: {close}" if close else ""))
         mode = {"sync": "sync", "async": "async", "native": "vector_entry_point"}[vectorize]
         vector_kwargs = {}
-        if autoreset_mode is not None and vectorize != "native":
+        if autoreset_mode is not None:
+            if vectorize == "native":
+                raise ValueError(f"{self.env_id}: a native vector env has its own autoreset mode; drop autoreset_mode")
             vector_kwargs["autoreset_mode"] = AutoresetMode(autoreset_mode)
         self.vec = gym.make_vec(gym_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **env_kwargs)
         self.mode = AutoresetMode(self.vec.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
@@ -112,7 +114,8 @@ class GymAdapter(BatchedEnv):
         if done_rows.size:
             if self.mode == AutoresetMode.SAME_STEP:
                 final = _stack([info["final_obs"][i] for i in done_rows])
-                final_info = [info["final_info"][i] for i in done_rows]
+                # Gymnasium batches the finished rows' infos into one dict of arrays (``_key`` masks)
+                final_info = [_row_info(info.get("final_info", {}), i) for i in done_rows]
             else:
                 final = _take(obs, done_rows)
                 final_info = [_row_info(info, i) for i in done_rows]
@@ -179,7 +182,12 @@ def _stack(per_row: list) -> Any:
 
 
 def _row_info(info: dict, row: int) -> dict:
-    return {k: v[row] for k, v in info.items() if not k.startswith("_") and info.get(f"_{k}", np.ones(row + 1, bool))[row]}
+    """Row ``row`` of a vector env's info (arrays with ``_key`` masks; nested dicts likewise)."""
+    return {
+        k: _row_info(v, row) if isinstance(v, dict) else v[row]
+        for k, v in info.items()
+        if not k.startswith("_") and info.get(f"_{k}", np.ones(row + 1, bool))[row]
+    }
 
 
 def _success(info: dict | None) -> bool | None:

@@ -21,6 +21,7 @@ from raysim.algos.models import Actor, ModelConfig
 from raysim.envs import make
 from raysim.envs.contract import Obs, Step
 from raysim.rollout.chunk import RolloutChunk
+from raysim.rollout.episodes import run_episodes
 from raysim.rollout.inference import inference
 from raysim.seeding import derive_seed
 
@@ -66,9 +67,25 @@ class EnvShard:
         self.steps_done = 0  # env steps taken by this shard, across chunks
         self._resets = 0
 
-    def spaces(self) -> tuple[dict, Any]:
-        """The env's observation spaces (per group) and action space, to build the learner's model."""
-        return self.env.observation_spaces, self.env.action_space
+    def spaces(self) -> tuple[dict, Any, int | None]:
+        """The env's observation spaces (per group), action space and episode step limit."""
+        return self.env.observation_spaces, self.env.action_space, self.env.max_episode_steps
+
+    def evaluate(
+        self,
+        weights: dict,
+        quotas: list[int],
+        row_offset: int,
+        seed: int,
+        max_steps: int,
+        deterministic: bool = True,
+        stop_after: int | None = None,
+    ) -> list[tuple[dict, dict]]:
+        """Play seeded evaluation episodes on this shard's rows with per-row quotas (``run_episodes``)."""
+        self.set_weights(weights)
+        generator = torch.Generator()
+        generator.manual_seed(derive_seed(seed, 5, row_offset))
+        return run_episodes(self.env, self.actor, quotas, row_offset, seed, max_steps, deterministic, generator, stop_after)
 
     def set_weights(self, weights: dict) -> None:
         """Load the actor weights ``{"version": v, "actor": state_dict}`` unless already loaded."""
@@ -132,9 +149,18 @@ class EnvShard:
                 f"{rows.tolist()}. Fix the env, or set on_nonfinite: mask to drop such rows and count them."
             )
         mask_t[rows] = False
-        step.reward.nan_to_num_(0.0, 0.0, 0.0)
-        for value in step.final_obs.values():
-            value.nan_to_num_(0.0, 0.0, 0.0)
+        # The rows' episodes are discarded, not finished: no flags, final_obs or report for them
+        # (a NaN reward on a row's last step would otherwise put a NaN return in the chunk).
+        step.reward = step.reward.masked_fill(bad, 0.0)
+        step.terminated = step.terminated & ~bad
+        step.truncated = step.truncated & ~bad
+        keep = ~bad[step.done_rows]
+        step.done_rows = step.done_rows[keep]
+        if step.done_rows.numel():
+            step.final_obs = {k: v[keep] for k, v in step.final_obs.items()}
+            step.episodes = {k: v[keep] for k, v in step.episodes.items()}
+        else:
+            step.final_obs, step.episodes = {}, {}
         seeds = [derive_seed(self.seed, 2, self._resets, int(r)) for r in rows]
         self._resets += 1
         step.obs = self.env.reset_rows(rows, seeds)
@@ -148,7 +174,10 @@ class EnvShard:
         final_t = torch.cat([torch.full_like(s.done_rows, t) for t, s in finals]) if finals else torch.empty(0, dtype=torch.int64)
         final_row = torch.cat([s.done_rows for _, s in finals]) if finals else torch.empty(0, dtype=torch.int64)
         keys = set.intersection(*(set(s.episodes) for _, s in finals)) if finals else set()
-        episodes = {k: torch.cat([s.episodes[k] for _, s in finals]) for k in sorted(keys)}
+        episodes = {k: torch.cat([s.episodes[k] for _, s in finals]) for k in sorted(keys)} if finals else {
+            "length": torch.empty(0, dtype=torch.int64),  # the columns every report has, also with E == 0
+            "return": torch.empty(0),
+        }
         episodes["row"], episodes["t"] = final_row.clone(), final_t.clone()
         return RolloutChunk(
             obs=obs,

@@ -1,0 +1,1 @@
+"""Benchmarks that ship with raysim (``raysim bench collect``): measurements, not tests."""

@@ -1,0 +1,416 @@
+"""Collection benchmark: raysim's EnvShard against CleanRL-style Gymnasium (and EnvPool) loops.
+
+What one measurement is: collecting ``--steps`` (32) steps of CartPole for N rows with an FP32
+actor and critic (ModelConfig defaults: MLPs [64, 64], Tanh), one torch thread, **from the request
+until the learner side holds the complete chunk with values for every observation** (and, for
+raysim, the terminal values of the eligible rows):
+
+- ``raysim in-process``: ``chunk = shard.rollout(weights, T)`` then ``chunk_values(critic, chunk)``,
+  with a new weights version every round so the shard loads the weights each time, as in training;
+- ``raysim Ray actor``: the same shard as a Ray actor; the weights go in as an object ref from one
+  ``ray.put`` per round, the chunk comes back with ``ray.get`` and the driver (playing the learner)
+  computes the values;
+- the baselines run CleanRL's ``ppo.py`` rollout loop (actor logits, Categorical sample and
+  log-prob, critic value, ``env.step``, preallocated torch buffers, then the bootstrap value of the
+  last observation) over Gymnasium's ``SyncVectorEnv``, Gymnasium's native ``CartPoleVectorEnv``
+  and, when it is installed, EnvPool.
+
+The rows run alternately within each round (the order rotates every round), so drifting machine
+noise hits them all alike; the first ``--warmups`` rounds are discarded and the median (and
+min / max) of the ``--samples`` rounds is reported. The compute floor is the matrix work no
+collector can avoid: T actor forwards on [N, obs] and one critic forward on all (T+1)*N
+observations, same torch, same thread, no autograd.
+
+Run ``raysim bench collect`` (or ``python benchmarks/collect.py`` in a checkout); ``--quick`` is a
+few-second smoke run. The output is Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+ENV_ID = "raysim/CartPole"
+GYM_ID = "CartPole-v1"
+
+INPROC = "raysim in-process"
+RAY = "raysim Ray actor"
+SYNC = "Gymnasium SyncVectorEnv"
+NATIVE = "Gymnasium CartPoleVectorEnv"
+ENVPOOL = "EnvPool"
+FLOOR = "compute floor"
+ROWS = (INPROC, RAY, SYNC, NATIVE, ENVPOOL)
+
+DEFAULT_ENVS = [1, 64, 1024]
+QUICK = {"envs": [1, 64], "warmups": 1, "samples": 3}
+
+
+@dataclass
+class Row:
+    """One collector: ``collect(version)`` does one complete collection; ``close()`` frees it."""
+
+    name: str
+    collect: Callable[[int], Any]
+    close: Callable[[], None] = lambda: None
+
+
+@dataclass
+class Results:
+    times: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (row, N) -> ms per sample
+    skipped: dict[str, str] = field(default_factory=dict)  # row -> why
+    peak_rss_mib: dict[int, float] = field(default_factory=dict)  # N -> ru_maxrss after its run
+
+    def median(self, row: str, n: int) -> float | None:
+        samples = self.times.get((row, n))
+        return statistics.median(samples) if samples else None
+
+
+# -- the collectors ---------------------------------------------------------------------------
+
+
+def _raysim_rows(n: int, steps: int, seed: int, use_ray: bool, results: Results):
+    """The learner-side model, the in-process shard row and (optionally) the Ray actor row."""
+    from raysim.algos.models import ActorCritic, ModelConfig
+    from raysim.rollout.advantages import chunk_values
+    from raysim.rollout.shard import EnvShard
+
+    shard = EnvShard(ENV_ID, n, seed=seed)
+    observation_spaces, action_space = shard.spaces()[:2]  # (obs spaces, action space, ...)
+    torch.manual_seed(seed)
+    model = ActorCritic(observation_spaces, action_space, ModelConfig())
+
+    def inproc(version: int):
+        weights = {"version": version, "actor": model.actor.state_dict()}
+        chunk = shard.rollout(weights, steps)
+        values, next_values = chunk_values(model.critic, chunk)
+        return chunk, values, next_values
+
+    rows = [Row(INPROC, inproc)]
+    if use_ray and RAY not in results.skipped:
+        try:
+            rows.append(_ray_row(n, steps, seed, model, chunk_values))
+        except Exception as error:  # no Ray, or it would not start: measure the rest
+            results.skipped[RAY] = f"{type(error).__name__}: {error}"
+    return model, rows
+
+
+def _ray_row(n: int, steps: int, seed: int, model, chunk_values) -> Row:
+    import ray
+
+    from raysim.rollout.shard import EnvShard
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    shard = ray.remote(EnvShard).options(num_cpus=1).remote(ENV_ID, n, seed=seed)
+    ray.get(shard.spaces.remote())  # wait until the actor is up
+
+    def collect(version: int):
+        ref = ray.put({"version": version, "actor": model.actor.state_dict()})
+        chunk = ray.get(shard.rollout.remote(ref, steps))
+        values, next_values = chunk_values(model.critic, chunk)
+        return chunk, values, next_values
+
+    return Row(RAY, collect, lambda: ray.kill(shard))
+
+
+class CleanRLLoop:
+    """CleanRL ``ppo.py``'s rollout loop over a vector env with a Gymnasium-style API."""
+
+    def __init__(self, envs, num_envs: int, model, steps: int, seed: int):
+        self.envs, self.steps = envs, steps
+        self.actor, self.critic = model.actor.net, model.critic.net
+        obs_shape = envs.single_observation_space.shape
+        self.obs = torch.zeros((steps, num_envs, *obs_shape))
+        self.actions = torch.zeros((steps, num_envs))
+        self.logprobs = torch.zeros((steps, num_envs))
+        self.rewards = torch.zeros((steps, num_envs))
+        self.dones = torch.zeros((steps, num_envs))
+        self.values = torch.zeros((steps, num_envs))
+        next_obs, _ = envs.reset(seed=seed)
+        self.next_obs = torch.Tensor(next_obs)
+        self.next_done = torch.zeros(num_envs)
+
+    def __call__(self, version: int):
+        next_obs, next_done = self.next_obs, self.next_done
+        for step in range(self.steps):
+            self.obs[step] = next_obs
+            self.dones[step] = next_done
+            with torch.no_grad():
+                logits = self.actor(next_obs)
+                probs = torch.distributions.Categorical(logits=logits)
+                action = probs.sample()
+                logprob = probs.log_prob(action)
+                self.values[step] = self.critic(next_obs).flatten()
+            self.actions[step] = action
+            self.logprobs[step] = logprob
+            next_obs, reward, terminations, truncations, _ = self.envs.step(action.cpu().numpy())
+            next_done = np.logical_or(terminations, truncations)
+            self.rewards[step] = torch.tensor(reward).view(-1)
+            next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
+        with torch.no_grad():
+            next_value = self.critic(next_obs).reshape(1, -1)
+        self.next_obs, self.next_done = next_obs, next_done
+        return next_value
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _gym_rows(n: int, steps: int, seed: int, model) -> list[Row]:
+    import gymnasium as gym
+
+    rows = []
+    for name, mode in ((SYNC, "sync"), (NATIVE, "vector_entry_point")):
+        loop = CleanRLLoop(gym.make_vec(GYM_ID, n, vectorization_mode=mode), n, model, steps, seed)
+        rows.append(Row(name, loop, loop.close))
+    return rows
+
+
+def _envpool_row(n: int, steps: int, seed: int, model, results: Results) -> list[Row]:
+    if ENVPOOL in results.skipped:
+        return []
+    try:
+        import envpool
+
+        envs = envpool.make(GYM_ID, env_type="gymnasium", num_envs=n, seed=seed)
+        loop = CleanRLLoop(envs, n, model, steps, seed)
+    except Exception as error:  # usually: not installed
+        results.skipped[ENVPOOL] = f"{type(error).__name__}: {error}"
+        return []
+    return [Row(ENVPOOL, loop, loop.close)]
+
+
+def _floor_row(n: int, steps: int, model) -> Row:
+    obs_dim = model.critic.net[0].in_features
+    step_obs = torch.randn(n, obs_dim)
+    all_obs = torch.randn((steps + 1) * n, obs_dim)
+    actor, critic = model.actor.net, model.critic.net
+
+    def floor(version: int):
+        with torch.no_grad():
+            for _ in range(steps):
+                actor(step_obs)
+            return critic(all_obs)
+
+    return Row(FLOOR, floor)
+
+
+# -- measuring --------------------------------------------------------------------------------
+
+
+def _measure(n: int, args, results: Results) -> None:
+    model, rows = _raysim_rows(n, args.steps, args.seed, not args.no_ray, results)
+    rows += _gym_rows(n, args.steps, args.seed, model)
+    rows += _envpool_row(n, args.steps, args.seed, model, results)
+    rows.append(_floor_row(n, args.steps, model))
+    try:
+        for rnd in range(args.warmups + args.samples):
+            version = rnd + 1  # a new policy version every round: the shards load the weights each time
+            shift = rnd % len(rows)
+            gc.collect()
+            for row in rows[shift:] + rows[:shift]:
+                start = time.perf_counter()
+                out = row.collect(version)
+                elapsed = (time.perf_counter() - start) * 1e3
+                del out
+                if rnd >= args.warmups:
+                    results.times.setdefault((row.name, n), []).append(elapsed)
+    finally:
+        for row in rows:
+            row.close()
+    results.peak_rss_mib[n] = _peak_rss_mib()
+
+
+def _peak_rss_mib() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.1f}"
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    return f"{num / den:.2f}x" if num is not None and den else "-"
+
+
+def _table(header: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
+
+
+def _header(args) -> str:
+    import gymnasium
+
+    versions = [f"torch {torch.__version__}", f"gymnasium {gymnasium.__version__}", f"numpy {np.__version__}"]
+    if not args.no_ray:
+        try:
+            import ray
+
+            versions.append(f"ray {ray.__version__}")
+        except ImportError:
+            pass
+    return "\n".join(
+        [
+            "# raysim collection benchmark",
+            "",
+            f"Collection of {args.steps} steps of CartPole for N rows: from the request until the learner side holds",
+            "the complete chunk with values for every observation (raysim: `shard.rollout(weights, T)` then",
+            "`chunk_values(critic, chunk)`, terminal values of the eligible rows included; baselines: CleanRL's",
+            "ppo.py rollout loop with its bootstrap value). FP32 actor and critic MLPs [64, 64] Tanh, "
+            f"{torch.get_num_threads()} torch thread,",
+            f"seed {args.seed}, {args.warmups} warm-up and {args.samples} measured rounds per N, the rows alternating "
+            "within each round; median ms (min-max).",
+            "",
+            f"{', '.join(versions)}; Python {platform.python_version()}, {platform.machine()}, "
+            f"{os.cpu_count()} CPUs; torch threads {torch.get_num_threads()}; load average at start {_load()}",
+        ]
+    )
+
+
+def _load() -> str:
+    """The 1-minute load average: other work on the machine skews the figures."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):
+        return "n/a"
+
+
+def _report(args, envs: list[int], results: Results) -> str:
+    rows = [r for r in ROWS if any((r, n) in results.times for n in envs)]
+    out = []
+    detail = []
+    for n in envs:
+        sync, native = results.median(SYNC, n), results.median(NATIVE, n)
+        for row in rows:
+            samples = results.times.get((row, n))
+            if not samples:
+                continue
+            med = statistics.median(samples)
+            detail.append(
+                [
+                    row,
+                    str(n),
+                    _ms(med),
+                    f"{_ms(min(samples))}-{_ms(max(samples))}",
+                    f"{args.steps * n / med * 1e3:,.0f}",
+                    _ratio(sync, med),
+                    _ratio(native, med),
+                ]
+            )
+    out += [
+        "## Collection time per chunk",
+        "",
+        _table(
+            ["row", "N", "median ms", "min-max ms", "env steps/s", "speed-up vs SyncVectorEnv", "speed-up vs CartPoleVectorEnv"],
+            detail,
+        ),
+        "",
+        "## Median ms, rows x N",
+        "",
+        _table(["row", *(f"N={n}" for n in envs)], [[r, *(_ms(results.median(r, n)) for n in envs)] for r in rows]),
+    ]
+    floor_rows = []
+    for n in envs:
+        samples = results.times.get((FLOOR, n))
+        if samples:
+            med = statistics.median(samples)
+            floor_rows.append(
+                [
+                    str(n),
+                    f"{_ms(med)} ({_ms(min(samples))}-{_ms(max(samples))})",
+                    _ms(results.median(INPROC, n)),
+                    _ratio(results.median(INPROC, n), med),
+                ]
+            )
+    out += [
+        "",
+        f"## Compute floor: {args.steps} actor forwards on [N, 4] + one critic forward on {args.steps + 1}*N observations "
+        "(no_grad, same thread)",
+        "",
+        _table(["N", "floor median ms (min-max)", "raysim in-process median ms", "raysim in-process / floor"], floor_rows),
+        "",
+        "## Peak resident memory of this process (ru_maxrss; Ray's worker processes not included)",
+        "",
+        _table(["after N", "peak RSS MiB"], [[str(n), f"{results.peak_rss_mib[n]:.0f}"] for n in envs]),
+    ]
+    out += ["", f"Load average at the end: {_load()} (on {os.cpu_count()} CPUs)."]
+    if results.skipped:
+        out += ["", "Skipped rows:", ""] + [f"- {row}: {why}" for row, why in results.skipped.items()]
+    return "\n".join(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raysim bench collect",
+        description="Time the collection of one rollout chunk (CartPole) by raysim and by CleanRL-style baselines.",
+    )
+    parser.add_argument("--envs", type=int, nargs="+", default=None, help=f"numbers of env rows (default {DEFAULT_ENVS})")
+    parser.add_argument("--warmups", type=int, default=None, help="discarded rounds per N (default 5)")
+    parser.add_argument("--samples", type=int, default=None, help="measured rounds per N (default 15)")
+    parser.add_argument("--steps", type=int, default=32, help="steps per chunk (default 32)")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the envs, the model and the sampling (default 42)")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor row (and do not start Ray)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: --envs 1 64 --warmups 1 --samples 3 unless given"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    base = QUICK if args.quick else {"envs": DEFAULT_ENVS, "warmups": 5, "samples": 15}
+    for key, value in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if any(n < 1 for n in args.envs) or args.steps < 1 or args.samples < 1 or args.warmups < 0:
+        parser.error("--envs, --steps and --samples must be >= 1 and --warmups >= 0")
+    envs = list(dict.fromkeys(args.envs))
+
+    threads, rng_state = torch.get_num_threads(), torch.random.get_rng_state()
+    ray_was_up = _ray_is_up() if not args.no_ray else True
+    torch.set_num_threads(1)
+    results = Results()
+    try:
+        print(_header(args), flush=True)
+        for n in envs:
+            start = time.perf_counter()
+            _measure(n, args, results)
+            print(f"[N={n} measured in {time.perf_counter() - start:.1f} s]", file=sys.stderr, flush=True)
+        print()
+        print(_report(args, envs, results), flush=True)
+    finally:
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng_state)
+        if not ray_was_up and _ray_is_up():
+            sys.modules["ray"].shutdown()
+    return 0
+
+
+def _ray_is_up() -> bool:
+    """Whether Ray was running before us (then it stays up afterwards); importing it is not starting it."""
+    if "ray" not in sys.modules:
+        return False
+    return sys.modules["ray"].is_initialized()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

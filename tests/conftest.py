@@ -1,0 +1,34 @@
+"""Shared test setup: the package on ``sys.path`` and one embedded Ray for the tests that ask for it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # a checkout that was not pip-installed
+    sys.path.insert(0, ROOT)
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """The one Ray of the test session (4 CPUs, no dashboard); shut down after the last test."""
+    import ray
+
+    # Ray's workers inherit the environment: let them import raysim from this checkout too.
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, saved) if p)
+    try:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        yield ray
+    finally:
+        ray.shutdown()
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved

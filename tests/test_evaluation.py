@@ -1,0 +1,186 @@
+"""Evaluation: balanced quotas, layout-independent seeds, denominators, Wilson intervals, records."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+import raysim
+from raysim.actors import LocalBackend, RayBackend
+from raysim.algos.models import ActorCritic, ModelConfig
+from raysim.envs import register
+from raysim.envs.cartpole import CartPole
+from raysim.evaluation import EvalSpec, evaluate_on_shards, quotas, summarize, wilson
+from raysim.rollout.shard import EnvShard
+
+
+class RowLengthEnv(CartPole):
+    """Row 0 ends every episode after 1 step, the other rows after 20 (return = length)."""
+
+    env_id = "test/RowLength"
+
+    def _advance(self, actions):
+        reward, _ = super()._advance(actions)
+        limit = torch.where(self._all_rows == 0, 1, 20)
+        return reward, self.episode_length + 1 >= limit
+
+
+register("test/RowLength", RowLengthEnv)
+
+
+def actor_weights(env_id: str = "raysim/CartPole", seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    shard = EnvShard(env_id, 1)
+    model = ActorCritic(*shard.spaces()[:2], ModelConfig())
+    return {"version": 1, "actor": model.actor.state_dict()}
+
+
+def run_local(env_id: str, layout: list[int], spec: EvalSpec, **callbacks):
+    backend = LocalBackend()
+    make = lambda i: backend.create(EnvShard, env_id, layout[i], seed=i)  # noqa: E731
+    shards = [make(i) for i in range(len(layout))]
+    return evaluate_on_shards(backend, make, shards, layout, actor_weights(env_id), spec, **callbacks)
+
+
+def test_quotas_split_episodes_over_rows_with_the_remainder_first():
+    assert quotas(10, 4) == [3, 3, 2, 2]
+    assert quotas(3, 5) == [1, 1, 1, 0, 0]
+    assert sum(quotas(101, 7)) == 101
+
+
+def test_balanced_quotas_remove_the_bias_toward_short_episodes_that_first_n_to_finish_has():
+    spec = EvalSpec(episodes=40, seed=3, max_steps=1000)
+    balanced = run_local("test/RowLength", [4], spec)
+    rows = [r["row"] for r in balanced.records]
+    assert [rows.count(r) for r in range(4)] == [10, 10, 10, 10]
+    true_mean = (10 * 1 + 30 * 20) / 40
+    assert balanced.returns["mean"] == pytest.approx(true_mean)
+
+    first_n = run_local("test/RowLength", [4], EvalSpec(episodes=40, seed=3, max_steps=1000, balanced=False))
+    assert first_n.completed == 40
+    assert first_n.returns["mean"] < true_mean - 5  # visibly biased toward row 0's 1-step episodes
+    assert sum(r["row"] == 0 for r in first_n.records) > 10
+
+
+def test_eval_report_independent_of_shard_layout():
+    spec = EvalSpec(episodes=37, seed=11, max_steps=2000)
+    one = run_local("raysim/CartPole", [8], spec)
+    four = run_local("raysim/CartPole", [2, 2, 2, 2], spec)
+    assert one.records == four.records
+    assert one.completed == 37 and len({r["seed"] for r in one.records}) == 37
+
+
+def _wilson_by_bisection(k: int, n: int, z: float) -> tuple[float, float]:
+    """Independent reference: the two roots of |p - pi| = z sqrt(pi (1 - pi) / n)."""
+    p = k / n
+
+    def f(pi: float) -> float:
+        return (p - pi) ** 2 - z * z * pi * (1 - pi) / n
+
+    def root(lo: float, hi: float) -> float:
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            if (f(lo) > 0) == (f(mid) > 0):
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    lower = 0.0 if k == 0 else root(0.0, p)
+    upper = 1.0 if k == n else root(p, 1.0)
+    return lower, upper
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (10, 10), (5, 10), (81, 263)])
+def test_wilson_intervals_match_known_values(k, n):
+    z = 1.959963984540054
+    assert wilson(k, n, 0.95) == pytest.approx(_wilson_by_bisection(k, n, z), abs=1e-9)
+
+
+def test_wilson_intervals_of_textbook_cases():
+    assert wilson(0, 10) == pytest.approx((0.0, 0.27753), abs=1e-5)
+    assert wilson(10, 10) == pytest.approx((0.72247, 1.0), abs=1e-5)
+    assert wilson(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-5)
+    assert wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert wilson(3, 0) is None
+
+
+def test_a_too_small_step_budget_counts_unfinished_episodes_in_n_but_not_c():
+    report = run_local("test/RowLength", [4], EvalSpec(episodes=8, seed=0, max_steps=10))
+    # Row 0 finishes its 2 one-step episodes; the 20-step episodes of rows 1..3 cannot finish in 10 steps.
+    assert report.requested == 8 and report.completed == 2
+    assert report.completion_rate.value == pytest.approx(2 / 8)
+    assert report.completion_rate.interval == wilson(2, 8)
+
+
+def test_zero_completed_episodes_give_a_report_with_no_intervals():
+    report = run_local("raysim/CartPole", [4], EvalSpec(episodes=4, seed=0, max_steps=1))
+    assert report.completed == 0 and report.requested == 4
+    assert report.returns["mean"] is None and report.lengths["max"] is None
+    assert report.completion_rate.value == 0.0
+    assert summarize([], 0).completion_rate.interval is None
+
+
+def test_success_rates_use_the_env_owned_success_and_both_denominators():
+    records = [{"return": 1.0, "length": 1, "success": s} for s in (True, True, False)]
+    report = summarize(records, requested=5)
+    assert (report.successes, report.completed, report.requested) == (2, 3, 5)
+    assert report.success_rate.value == pytest.approx(2 / 3)
+    assert report.success_per_requested.value == pytest.approx(2 / 5)
+    assert report.success_per_requested.interval == wilson(2, 5)
+
+
+def test_callbacks_receive_one_scalar_record_per_counted_episode_and_the_unchanged_report():
+    scored, reports = [], []
+    report = run_local("raysim/CartPole", [3], EvalSpec(episodes=7, seed=2, max_steps=5000),
+                       on_scored_episode=scored.append, on_episode=reports.append)
+    assert len(scored) == len(reports) == report.completed == 7
+    for record, env_report in zip(scored, reports):
+        assert all(isinstance(v, (int, float, bool)) for v in record.values())
+        assert set(env_report) == {"return", "length"}
+        assert env_report["return"] == record["return"] and env_report["length"] == record["length"]
+
+
+def test_a_shard_killed_during_evaluation_is_replaced_and_the_report_is_unchanged(ray_session):
+    spec = EvalSpec(episodes=60, seed=5, max_steps=100_000)
+    env_id = "gym:Pendulum-v1"  # every episode lasts 200 steps: a long evaluation
+    expected = run_local(env_id, [3, 3], spec)
+
+    backend = RayBackend()
+    created = []
+
+    def make(i: int):
+        created.append(i)
+        return backend.create(EnvShard, env_id, 3, seed=i, options={"num_cpus": 1})
+
+    shards = [make(0), make(1)]
+    killer = threading.Timer(1.0, lambda: backend.kill(shards[1]))
+    killer.start()
+    started = time.perf_counter()
+    report = evaluate_on_shards(backend, make, shards, [3, 3], actor_weights(env_id), spec)
+    killer.join()
+    assert created.count(1) == 2, f"shard 1 was not replaced (evaluation took {time.perf_counter() - started:.1f} s)"
+    assert report.records == expected.records
+    assert math.isclose(report.returns["mean"], expected.returns["mean"])
+
+
+def test_evaluate_api_and_cli_read_a_run_directory(tmp_path, capsys):
+    config = raysim.load_config(None, ["backend=local", "train.total_steps=1024", "eval.episodes=0",
+                                       f"run_dir={tmp_path / 'run'}"])
+    summary = raysim.Trainer(config).train()
+    report = raysim.evaluate(summary.run_dir, episodes=12, seed=4, backend="local", out=tmp_path / "e.parquet")
+    assert report.requested == 12 and report.completed == 12
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "e.parquet")
+    assert table.num_rows == 12 and {"row", "episode", "seed", "return", "length"} <= set(table.column_names)
+
+    from raysim.cli import main
+
+    assert main(["eval", summary.run_dir, "--episodes", "6", "--local", "--shards", "2", "--envs-per-shard", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "requested episodes n   6" in out and "Wilson" in out
