@@ -27,7 +27,7 @@ def terminal_values(critic: Critic, chunk: RolloutChunk) -> tuple[torch.Tensor, 
     t, row = chunk.final_t, chunk.final_row
     eligible = (chunk.truncated[t, row] & ~chunk.terminated[t, row]).nonzero().squeeze(1)
     if eligible.numel() == 0:
-        return t[:0], row[:0], torch.zeros(0)
+        return t[:0], row[:0], torch.zeros(0, device=t.device)  # on the chunk's device, like the values
     final_obs = {k: v.index_select(0, eligible) for k, v in chunk.final_obs.items()}
     with inference(critic):
         values = critic(final_obs)

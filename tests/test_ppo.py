@@ -1,0 +1,235 @@
+"""PPO: the log-space clipped objective, the guarded optimizer step, and the Learner around them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from raysim.algos.guard import GuardedStep, NonFiniteUpdateError
+from raysim.algos.models import ModelConfig
+from raysim.algos.ppo import PPOConfig, clipped_objective, ppo_update
+from raysim.learner import Learner
+from raysim.rollout.shard import EnvShard
+
+EPS = 0.2
+
+
+def classic(logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float = EPS) -> torch.Tensor:
+    ratio = logratio.exp()
+    return torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages)
+
+
+def objective_and_grads(fn, logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float = EPS):
+    logratio = logratio.clone().requires_grad_(True)
+    advantages = advantages.clone().requires_grad_(True)
+    out = fn(logratio, advantages, clip_coef)
+    grads = torch.autograd.grad(out.sum(), [logratio, advantages])
+    return out.detach(), grads[0], grads[1]
+
+
+@pytest.mark.parametrize("clip_coef", [0.1, 0.2, 0.3])
+def test_log_space_objective_and_gradients_equal_the_classic_form_on_moderate_ratios(clip_coef):
+    generator = torch.Generator().manual_seed(int(clip_coef * 10))
+    logratio = (torch.rand(4096, generator=generator, dtype=torch.float64) - 0.5) * 1.2  # ratio in ~[0.55, 1.8]
+    advantages = torch.randn(4096, generator=generator, dtype=torch.float64) * 3
+    ratio = logratio.exp()
+    # every regime is present: clipped above and below, for both signs of A, and unclipped
+    assert (ratio > 1 + clip_coef).any() and (ratio < 1 - clip_coef).any()
+    assert (advantages > 0).any() and (advantages < 0).any()
+
+    ours = objective_and_grads(clipped_objective, logratio, advantages, clip_coef)
+    reference = objective_and_grads(classic, logratio, advantages, clip_coef)
+    assert ours[0].dtype == torch.float64
+    for mine, theirs, name in zip(ours, reference, ("objective", "d/dlogratio", "d/dadvantages")):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_log_space_objective_stays_finite_at_a_huge_ratio_with_non_negative_advantages_where_the_classic_form_does_not():
+    logratio = torch.full((4,), 100.0)
+    for value in (2.0, 0.0):
+        advantages = torch.full((4,), value)
+        out, d_logratio, d_adv = objective_and_grads(clipped_objective, logratio, advantages)
+        assert torch.isfinite(out).all() and torch.isfinite(d_logratio).all() and torch.isfinite(d_adv).all()
+        torch.testing.assert_close(out, advantages * (1 + EPS))  # the clipped branch: A * (1 + eps)
+        assert (d_logratio == 0).all()  # clipped: no gradient through the ratio
+        torch.testing.assert_close(d_adv, torch.full((4,), 1 + EPS))
+
+        c_out, c_dlog, c_dadv = objective_and_grads(classic, logratio, advantages)
+        classic_finite = bool(torch.isfinite(c_out).all() and torch.isfinite(c_dlog).all() and torch.isfinite(c_dadv).all())
+        assert not classic_finite, f"the classic form was finite at A={value}"
+        if value == 0.0:
+            assert torch.isnan(c_out).all()  # inf * 0
+
+
+def test_log_space_objective_is_finite_at_a_tiny_ratio_with_negative_advantages():
+    logratio = torch.full((4,), -100.0)
+    advantages = torch.full((4,), -1.5)
+    out, d_logratio, d_adv = objective_and_grads(clipped_objective, logratio, advantages)
+    assert torch.isfinite(out).all() and torch.isfinite(d_logratio).all() and torch.isfinite(d_adv).all()
+    torch.testing.assert_close(out, advantages * (1 - EPS))
+    assert (d_logratio == 0).all()
+
+
+def test_a_huge_ratio_with_negative_advantages_is_unbounded_below():
+    out = clipped_objective(torch.full((3,), 100.0), torch.full((3,), -1.0), EPS)
+    assert torch.isneginf(out).all()
+
+
+class LogRatioModel(nn.Module):
+    """A 'policy' whose log-ratio is a parameter: logratio = w * x + b."""
+
+    def __init__(self, bias: float):
+        super().__init__()
+        self.layer = nn.Linear(1, 1)
+        with torch.no_grad():
+            self.layer.weight.fill_(0.5)
+            self.layer.bias.fill_(bias)
+
+    def loss(self, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        logratio = self.layer(torch.ones(advantages.shape[0], 1)).squeeze(1)
+        pg_loss = -clipped_objective(logratio, advantages, EPS).mean()
+        return pg_loss, {"pg_loss": pg_loss}
+
+
+def test_guarded_step_skips_an_unbounded_objective_without_touching_the_weights_and_stops_after_repeats():
+    model = LogRatioModel(bias=100.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    step = GuardedStep(optimizer, max_grad_norm=0.5, max_consecutive=3)
+    before = copy.deepcopy(model.state_dict())
+    advantages = -torch.ones(8)
+
+    for expected in (1, 2):
+        loss, terms = model.loss(advantages)
+        assert torch.isposinf(loss)  # -(-inf)
+        assert step(loss, terms) is None
+        assert step.skipped == expected and step.consecutive == expected
+        for name, value in model.state_dict().items():
+            assert torch.equal(value, before[name])
+        assert all(p.grad is None for p in model.parameters())
+        assert not optimizer.state  # Adam never stepped
+
+    loss, terms = model.loss(advantages)
+    with pytest.raises(NonFiniteUpdateError, match="pg_loss") as info:
+        step(loss, terms)
+    assert "3 consecutive" in str(info.value)
+    assert step.skipped == 3
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name])
+
+
+def test_guarded_step_skips_a_finite_loss_with_non_finite_gradients_and_names_the_gradient_norm():
+    model = LogRatioModel(bias=100.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = GuardedStep(optimizer, max_grad_norm=0.5, max_consecutive=1)
+    before = copy.deepcopy(model.state_dict())
+    logratio = model.layer(torch.ones(4, 1)).squeeze(1)
+    loss = -classic(logratio, torch.ones(4)).mean()  # finite (clipped branch), gradient inf * 0 = NaN
+    assert torch.isfinite(loss)
+    with pytest.raises(NonFiniteUpdateError, match="grad_norm"):
+        step(loss, {"pg_loss": loss})
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name])
+
+
+def test_a_finite_step_is_applied_and_resets_the_consecutive_count():
+    model = LogRatioModel(bias=100.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = GuardedStep(optimizer, max_grad_norm=0.5, max_consecutive=2)
+    loss, terms = model.loss(-torch.ones(4))
+    assert step(loss, terms) is None and step.consecutive == 1
+    with torch.no_grad():
+        model.layer.bias.fill_(-0.5)  # logratio 0: inside the clip range
+    before = copy.deepcopy(model.state_dict())
+    loss, terms = model.loss(torch.ones(4))
+    grad_norm = step(loss, terms)
+    assert grad_norm is not None and torch.isfinite(grad_norm) and grad_norm > 0
+    assert step.consecutive == 0 and step.skipped == 1
+    assert not torch.equal(model.layer.bias, before["layer.bias"])
+
+
+# --- the Learner -------------------------------------------------------------------------------
+
+
+def cartpole_learner_and_shard(**algo):
+    shard = EnvShard("raysim/CartPole", 4, seed=3, model=ModelConfig(hidden_sizes=[16, 16]))
+    spaces, action_space, _ = shard.spaces()
+    config = PPOConfig(num_steps=16, update_epochs=2, num_minibatches=2, **algo)
+    learner = Learner(spaces, action_space, ModelConfig(hidden_sizes=[16, 16]), config, iterations=5, seed=1)
+    return learner, shard
+
+
+def clone_chunk(chunk):
+    return {
+        k: ({g: t.clone() for g, t in v.items()} if isinstance(v, dict) else v.clone() if torch.is_tensor(v) else v)
+        for k, v in vars(chunk).items()
+    }
+
+
+def test_learner_weights_are_cpu_copies_whose_version_increments_with_every_update():
+    learner, shard = cartpole_learner_and_shard()
+    weights = learner.get_weights()
+    assert weights["version"] == 0
+    assert set(weights["actor"]) == set(learner.model.actor.state_dict())
+    for name, tensor in weights["actor"].items():
+        assert tensor.device.type == "cpu" and not tensor.requires_grad
+        assert tensor.data_ptr() != learner.model.actor.state_dict()[name].data_ptr()  # a copy, not a view
+    first = {k: v.clone() for k, v in weights["actor"].items()}
+
+    for version in (1, 2, 3):
+        chunk = shard.rollout(weights, 16)
+        assert chunk.policy_version == version - 1
+        metrics = learner.update(chunk)
+        assert metrics["policy_version"] == version
+        weights = learner.get_weights()
+        assert weights["version"] == version
+        assert all(t.device.type == "cpu" for t in weights["actor"].values())
+    # the weights moved, and the first snapshot was not changed by the updates
+    assert any(not torch.equal(first[k], weights["actor"][k]) for k in first)
+    # the learner's own actor holds the published weights
+    for name, tensor in learner.model.actor.state_dict().items():
+        assert torch.equal(tensor, weights["actor"][name])
+
+
+def test_learner_update_never_modifies_the_chunks_tensors():
+    learner, shard = cartpole_learner_and_shard()
+    chunks = [shard.rollout(learner.get_weights(), 16) for _ in range(2)]
+    before = [clone_chunk(c) for c in chunks]
+    metrics = learner.update(*chunks)
+    assert metrics["env_steps"] == 2 * 16 * 4
+    for chunk, saved in zip(chunks, before):
+        for name, value in vars(chunk).items():
+            if isinstance(value, dict):
+                assert value.keys() == saved[name].keys()
+                for group, tensor in value.items():
+                    assert torch.equal(tensor, saved[name][group]), (name, group)
+            elif torch.is_tensor(value):
+                assert torch.equal(value, saved[name]), name
+            else:
+                assert value == saved[name], name
+
+
+def test_learner_update_reports_the_ppo_metrics_as_plain_finite_numbers():
+    learner, shard = cartpole_learner_and_shard()
+    metrics = learner.update(shard.rollout(learner.get_weights(), 16))
+    for name in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "grad_norm", "lr"):
+        assert isinstance(metrics[name], float) and torch.isfinite(torch.tensor(metrics[name])), name
+    assert metrics["skipped_updates"] == 0
+
+
+def test_ppo_update_with_an_unbounded_objective_skips_every_minibatch_and_then_stops():
+    learner, shard = cartpole_learner_and_shard(norm_adv=False, max_nonfinite_updates=3)
+    batch = learner.batch((shard.rollout(learner.get_weights(), 16),))
+    batch["logprobs"] = batch["logprobs"] - 100.0  # new/old ratio e^100
+    batch["advantages"] = -batch["advantages"].abs() - 1.0  # A < 0: unbounded below
+    before = copy.deepcopy(learner.model.state_dict())
+    config = PPOConfig(**{**vars(learner.algo), "update_epochs": 1, "num_minibatches": 2})
+    metrics = ppo_update(learner.model, learner.step, batch, config, learner.generator)
+    assert metrics == {}  # nothing applied
+    assert learner.step.skipped == 2
+    for name, value in learner.model.state_dict().items():
+        assert torch.equal(value, before[name])
+    with pytest.raises(NonFiniteUpdateError, match="pg_loss"):
+        ppo_update(learner.model, learner.step, batch, config, learner.generator)
