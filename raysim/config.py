@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,14 +19,27 @@ from typing import Any
 import yaml
 
 from raysim.algos.models import ModelConfig
+from raysim.algos.grpo import GRPOConfig
 from raysim.algos.ppo import PPOConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "cartpole_ppo.yaml"
 
 
+ALGOS = {"ppo": PPOConfig, "grpo": GRPOConfig}  # algo.name -> its config class
+
+
 class ConfigError(ValueError):
     """A config that cannot be used, with the key and the file it came from."""
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, also reading ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3``, PyYAML a str)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 @dataclass
@@ -88,7 +102,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algo: PPOConfig = field(default_factory=PPOConfig)
+    algo: PPOConfig | GRPOConfig = field(default_factory=PPOConfig)  # by algo.name, see ALGOS
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -114,14 +128,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read a YAML config (default: the packaged ``cartpole_ppo.yaml``) and apply overrides."""
     file = resolve_config_path(path)
     try:
-        data = yaml.safe_load(file.read_text()) or {}
+        data = yaml.load(file.read_text(), Loader=_Loader) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"{file}: not valid YAML: {error}") from error
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of keys, got {type(data).__name__}")
     for item in overrides or []:
         apply_override(data, item)
-    return from_dict(Config, data, str(file))
+    config = from_dict(Config, data, str(file))
+    check_config(config, str(file))
+    return config
+
+
+def check_config(config: Config, where: str = "config") -> None:
+    """Checks across sections: GRPO's group size against the rows per shard."""
+    algo = config.algo
+    if algo.name == "grpo":
+        size, rows = algo.group_size, config.env.num_envs
+        if not isinstance(size, int) or size < 2 or rows % size:
+            raise ConfigError(
+                f"{where}: algo.group_size must be an integer >= 2 that divides env.num_envs ({rows}), got {size!r}"
+            )
 
 
 def apply_override(data: dict, item: str) -> None:
@@ -130,26 +157,40 @@ def apply_override(data: dict, item: str) -> None:
         raise ConfigError(f"--set {item!r}: expected key=value, e.g. algo.lr=1e-3")
     key, raw = item.split("=", 1)
     parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. algo.lr=1e-3")
     node = data
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {item!r}: {part!r} is not a section")
-    node[parts[-1]] = yaml.safe_load(raw)
+    try:
+        node[parts[-1]] = yaml.load(raw, Loader=_Loader)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML: {getattr(error, 'problem', None) or error}") from error
 
 
 def from_dict(cls: type, data: Any, where: str, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from ``data``, checking every key and type."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: {prefix or 'config'} must be a mapping, got {data!r}")
+        raise ConfigError(f"{where}: {prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     values = {}
+    if cls is Config:  # the algo section's class depends on algo.name; GRPO's model has no critic by default
+        algo = data.get("algo") or {}
+        name = algo.get("name", "ppo") if isinstance(algo, dict) else "ppo"
+        if name not in ALGOS:
+            raise ConfigError(f"{where}: algo.name must be one of {sorted(ALGOS)}, got {name!r}")
+        hints = {**hints, "algo": ALGOS[name]}
+        model = data.get("model") or {}
+        if name == "grpo" and isinstance(model, dict) and "critic" not in model:
+            data = {**data, "model": {**model, "critic": False}}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; valid keys: {sorted(fields)}"
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else f"; valid keys: {sorted(fields)}"
             raise ConfigError(f"{where}: unknown key {dotted!r}{hint}")
         values[key] = _convert(hints[key], value, where, dotted)
     return cls(**values)

@@ -21,7 +21,7 @@ import yaml
 
 from raysim.actors import Backend, Handle, LocalBackend, RayBackend
 from raysim.checkpoint import save_checkpoint
-from raysim.config import Config, to_dict
+from raysim.config import Config, check_config, to_dict
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.learner import Learner
 from raysim.metrics import ConsoleSink, ParquetSink
@@ -47,6 +47,7 @@ class Trainer:
     """Trains ``config`` with shards and a learner on Ray (or in-process: ``backend: local``)."""
 
     def __init__(self, config: Config, address: str | None = None, sinks: list | None = None):
+        check_config(config)
         self.config = config
         self.address = address
         self.run_dir = make_run_dir(config)
@@ -69,10 +70,16 @@ class Trainer:
             eval_time = 0.0
             try:
                 for iteration in range(1, iterations + 1):
-                    chunks = [shard.call("rollout", weights, cfg.algo.num_steps) for shard in shards]
+                    if cfg.algo.name == "grpo":  # one episode per row, groups from shared starts
+                        chunks = [shard.call("rollout_groups", weights, cfg.algo.num_steps, cfg.algo.group_size)
+                                  for shard in shards]
+                    else:
+                        chunks = [shard.call("rollout", weights, cfg.algo.num_steps) for shard in shards]
                     metrics = backend.get(learner.call("update", *chunks))
                     weights = learner.call("get_weights")
                     env_steps += int(metrics["env_steps"])
+                    if cfg.algo.name == "grpo" and env_steps >= cfg.train.total_steps:
+                        iterations = iteration  # GRPO rounds vary in length: stop on the step budget
                     if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration < iterations:
                         e0 = time.perf_counter()
                         report = self._evaluate(backend, eval_shards, weights, max_episode_steps, iteration)
@@ -84,6 +91,8 @@ class Trainer:
                                   "steps_per_s": env_steps / max(elapsed, 1e-9)}
                         for sink in sinks:
                             sink.write(record)
+                    if iteration == iterations:
+                        break
             except KeyboardInterrupt:
                 interrupted = True
                 print(f"\ninterrupted at iteration {iteration}: saving and stopping", flush=True)
@@ -168,8 +177,14 @@ def eval_spec(config: Config, max_episode_steps: int | None) -> EvalSpec:
 
 
 def steps_per_iteration(config: Config) -> int:
-    """Env steps collected per iteration: shards x rows x chunk length."""
-    return config.shards.count * config.env.num_envs * config.algo.num_steps
+    """Env steps collected per iteration: shards x rows x chunk length.
+
+    GRPO: a round lasts until every row finished its episode, so its length varies; this is then
+    the least a round collects (one step per row), the loop stops once ``train.total_steps`` env
+    steps were collected, and the linear lr schedule decays over this most-rounds horizon.
+    """
+    steps = 1 if config.algo.name == "grpo" else config.algo.num_steps
+    return config.shards.count * config.env.num_envs * steps
 
 
 def make_run_dir(config: Config) -> Path:

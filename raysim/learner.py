@@ -12,12 +12,14 @@ leave it as one object ref that every shard reads.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import gymnasium as gym
 import torch
 
 from raysim.algos.guard import GuardedStep
+from raysim.algos.grpo import GRPOConfig, chunk_advantages, grpo_update
 from raysim.algos.models import ActorCritic, ModelConfig
 from raysim.algos.ppo import PPOConfig, ppo_update
 from raysim.rollout.advantages import chunk_values, gae
@@ -35,14 +37,19 @@ def resolve_device(device: str) -> torch.device:
 
 
 class Learner:
-    """Trains an ``ActorCritic`` with PPO on rollout chunks; publishes versioned actor weights."""
+    """Trains an ``ActorCritic`` with PPO or GRPO on rollout chunks; publishes versioned actor weights.
+
+    Dispatches on ``algo.name``: ``ppo`` (values, GAE, actor and critic losses) or ``grpo``
+    (group-relative episode returns, no critic and no value inference at all; with ``kl_coef > 0``
+    a frozen copy of the initial actor is kept as the KL reference).
+    """
 
     def __init__(
         self,
         observation_spaces: dict[str, gym.Space],
         action_space: gym.Space,
         model: ModelConfig,
-        algo: PPOConfig,
+        algo: PPOConfig | GRPOConfig,
         iterations: int,
         seed: int = 0,
         device: str = "cpu",
@@ -50,7 +57,15 @@ class Learner:
         torch.manual_seed(derive_seed(seed, 3))
         self.algo = algo
         self.device = resolve_device(device)
+        if algo.name not in ("ppo", "grpo"):
+            raise ValueError(f"algo.name must be 'ppo' or 'grpo', got {algo.name!r}")
+        self.needs_values = getattr(algo, "needs_values", True)
         self.model = ActorCritic(observation_spaces, action_space, model).to(self.device)
+        if self.needs_values and self.model.critic is None:
+            raise ValueError(f"algo {algo.name!r} needs a critic, but model.critic is false")
+        self.reference = None  # GRPO's KL reference: the initial actor, frozen
+        if algo.name == "grpo" and algo.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model.actor).requires_grad_(False).eval()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=algo.lr, eps=1e-5)
         if algo.lr_schedule not in ("constant", "linear"):
             raise ValueError(f"algo.lr_schedule must be 'constant' or 'linear', got {algo.lr_schedule!r}")
@@ -76,12 +91,16 @@ class Learner:
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
             "version": self.version,
+            **({"reference": self.reference.state_dict()} if self.reference is not None else {}),
         }
 
     def update(self, *chunks: RolloutChunk) -> dict[str, float]:
-        """One PPO update on the chunks; returns the iteration's metrics as plain numbers."""
+        """One PPO or GRPO update on the chunks; returns the iteration's metrics as plain numbers."""
         batch = self.batch(chunks)
-        metrics = ppo_update(self.model, self.step, batch, self.algo, self.generator)
+        if self.algo.name == "grpo":
+            metrics = grpo_update(self.model.actor, self.step, batch, self.algo, self.generator, self.reference)
+        else:
+            metrics = ppo_update(self.model, self.step, batch, self.algo, self.generator)
         metrics["lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         self.version += 1
@@ -95,14 +114,25 @@ class Learner:
         return result
 
     def batch(self, chunks: tuple[RolloutChunk, ...]) -> dict:
-        """Values, advantages and returns of every valid transition, flattened into one batch."""
+        """Advantages (PPO: also values and returns) of every valid transition, flattened into one batch."""
         parts = []
         for chunk in chunks:
             chunk = to_device(chunk, self.device)
+            valid = chunk.mask
+            if not self.needs_values:  # GRPO: group-relative returns, no critic anywhere
+                advantages = chunk_advantages(chunk, self.algo)
+                parts.append(
+                    {
+                        "obs": {k: v[:-1][valid] for k, v in chunk.obs.items()},
+                        "actions": chunk.actions[valid],
+                        "logprobs": chunk.logp[valid],
+                        "advantages": advantages[valid],
+                    }
+                )
+                continue
             values, next_values = chunk_values(self.model.critic, chunk)
             done = chunk.terminated | chunk.truncated
             advantages = gae(chunk.reward, values, next_values, done, chunk.mask, self.algo.gamma, self.algo.gae_lambda)
-            valid = chunk.mask
             parts.append(
                 {
                     "obs": {k: v[:-1][valid] for k, v in chunk.obs.items()},

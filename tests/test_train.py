@@ -95,7 +95,7 @@ def test_a_run_through_ray_actors_writes_its_run_directory_and_equals_the_local_
     assert rows[-1]["env_steps"] == 768 and rows[-1]["policy_version"] == 3
     assert "eval_return" in rows[1]  # eval.every=2
     state, meta = load_checkpoint(ray_dir / "checkpoints" / "3")
-    assert meta == {"iteration": 3, "env_steps": 768}
+    assert meta["iteration"] == 3 and meta["env_steps"] == 768
     assert state["version"] == 3
     assert all(torch.is_tensor(v) for v in state["model"].values())
 

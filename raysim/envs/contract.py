@@ -85,6 +85,18 @@ class BatchedEnv:
         """Advance every row by one step, auto-resetting the rows that finished."""
         raise NotImplementedError
 
+    def get_state(self) -> dict | None:
+        """The env's state as tensors and plain data, or None when it cannot be saved.
+
+        A checkpoint stores it; on resume, ``set_state`` continues every row's episode exactly.
+        Envs that return None (Gymnasium envs through the adapter) restart their episodes.
+        """
+        return None
+
+    def set_state(self, state: dict) -> None:
+        """Restore a ``get_state`` result."""
+        raise NotImplementedError(f"{self.env_id} cannot restore a saved state")
+
     def close(self) -> None:
         """Release what the env holds (processes, files); a no-op for native envs."""
 

@@ -6,7 +6,9 @@ through the adapter.
 
 from __future__ import annotations
 
+import copy
 import difflib
+from pathlib import Path
 from typing import Any, Callable
 
 from raysim.envs.contract import BatchedEnv, check_num_envs
@@ -27,13 +29,8 @@ def registered() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make(env_id: str, num_envs: int, seed: int | None = None, **kwargs: Any) -> BatchedEnv:
-    """Build ``num_envs`` rows of ``env_id`` (``raysim/<Name>`` or ``gym:<Gymnasium id>``)."""
-    check_num_envs(num_envs)
-    if env_id.startswith("gym:"):
-        from raysim.envs.gym_adapter import GymAdapter
-
-        return GymAdapter(env_id[len("gym:") :], num_envs, seed=seed, **kwargs)
+def factory(env_id: str) -> EnvFactory:
+    """The factory registered as ``env_id`` (an error that suggests the closest id otherwise)."""
     if env_id not in _REGISTRY:
         hint = difflib.get_close_matches(env_id, list(_REGISTRY), n=1)
         raise ValueError(
@@ -41,7 +38,34 @@ def make(env_id: str, num_envs: int, seed: int | None = None, **kwargs: Any) -> 
             + (f"; did you mean {hint[0]!r}?" if hint else "")
             + f" Native tasks: {registered()}; Gymnasium envs are named 'gym:<ID>', e.g. 'gym:CartPole-v1'."
         )
+    return _REGISTRY[env_id]
+
+
+def materialize(env_id: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``options`` with the task's resources materialized (its ``materialize`` hook)."""
+    options = copy.deepcopy(options)
+    hook = None if env_id.startswith("gym:") else getattr(factory(env_id), "materialize", None)
+    return hook(options) if hook is not None else options
+
+
+def export_resources(env_id: str, options: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """Options whose materialized resources are written under ``directory`` (the task's hook)."""
+    hook = None if env_id.startswith("gym:") else getattr(factory(env_id), "export_resources", None)
+    return hook(materialize(env_id, options), directory) if hook is not None else copy.deepcopy(options)
+
+
+def make(env_id: str, num_envs: int, seed: int | None = None, **kwargs: Any) -> BatchedEnv:
+    """Build ``num_envs`` rows of ``env_id`` (``raysim/<Name>`` or ``gym:<Gymnasium id>``).
+
+    The env works on its own deep copy of ``kwargs``: the caller's objects are never mutated.
+    """
+    check_num_envs(num_envs)
+    if env_id.startswith("gym:"):
+        from raysim.envs.gym_adapter import GymAdapter
+
+        return GymAdapter(env_id[len("gym:") :], num_envs, seed=seed, **copy.deepcopy(kwargs))
+    build = factory(env_id)
     try:
-        return _REGISTRY[env_id](num_envs=num_envs, seed=seed, **kwargs)
+        return build(num_envs=num_envs, seed=seed, **materialize(env_id, kwargs))
     except TypeError as error:
         raise TypeError(f"{env_id}: bad env option: {error}") from error

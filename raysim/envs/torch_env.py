@@ -7,15 +7,23 @@ step limit, owned ``final_obs`` and the same-step auto-reset live here.
 
 from __future__ import annotations
 
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from raysim.envs.contract import BatchedEnv, Obs, Step, check_actions, check_num_envs, take_rows
 
 
 class TorchEnv(BatchedEnv):
-    """A batched env whose rows live in torch tensors on one device."""
+    """A batched env whose rows live in torch tensors on one device.
+
+    ``state_keys`` names the task's tensor attributes that, with the episode bookkeeping and the
+    generator, make up the env's whole state (``get_state`` / ``set_state``, for checkpoints).
+    """
+
+    state_keys: tuple[str, ...] = ()
 
     def __init__(self, num_envs: int, seed: int | None, max_episode_steps: int, device: str = "cpu"):
         self.num_envs = check_num_envs(num_envs)
@@ -28,6 +36,30 @@ class TorchEnv(BatchedEnv):
         self.episode_return = torch.zeros(self.num_envs, device=self.device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         self._all_rows = torch.arange(self.num_envs, device=self.device)
+
+    # -- task resources -------------------------------------------------------------------------
+
+    @classmethod
+    def materialize(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Turn resource declarations in ``options`` (its own copy) into arrays; default: none."""
+        return options
+
+    @classmethod
+    def export_resources(cls, options: dict[str, Any], directory: Path) -> dict[str, Any]:
+        """Write every materialized array of ``options`` to ``directory/<key>.npy``.
+
+        Returns the options with each array replaced by ``{"file": <absolute path>}``; the run
+        snapshot stores that path relative to itself, and loading rebinds it after relocation.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        exported = {}
+        for key, value in options.items():
+            if isinstance(value, (np.ndarray, torch.Tensor)):
+                path = directory / f"{key}.npy"
+                np.save(path, np.asarray(value))
+                value = {"file": str(path)}
+            exported[key] = value
+        return exported
 
     # -- what a task implements -------------------------------------------------------------
 
@@ -48,6 +80,28 @@ class TorchEnv(BatchedEnv):
         return {}
 
     # -- the contract -----------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, torch.Tensor]:
+        """Copies of every tensor that determines the env's future (plain tensors only)."""
+        state = {key: getattr(self, key).detach().clone() for key in self.state_keys}
+        state.update(
+            episode_return=self.episode_return.clone(),
+            episode_length=self.episode_length.clone(),
+            generator=self.generator.get_state(),
+        )
+        return state
+
+    def set_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what ``get_state`` returned (same number of rows)."""
+        if state["episode_length"].shape != self.episode_length.shape:
+            raise ValueError(
+                f"{self.env_id}: saved env state has {state['episode_length'].shape[0]} rows, this env {self.num_envs}"
+            )
+        for key in self.state_keys:
+            setattr(self, key, state[key].to(self.device).clone())
+        self.episode_return = state["episode_return"].to(self.device).clone()
+        self.episode_length = state["episode_length"].to(self.device).clone()
+        self.generator.set_state(state["generator"])
 
     def reset(self, seed: int | None = None) -> Obs:
         if seed is not None:

@@ -22,6 +22,7 @@ from raysim.envs import make
 from raysim.envs.contract import Obs, Step
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.episodes import run_episodes
+from raysim.rollout.groups import rollout_groups
 from raysim.rollout.inference import inference
 from raysim.seeding import derive_seed
 
@@ -66,6 +67,7 @@ class EnvShard:
         self.version = -1
         self.steps_done = 0  # env steps taken by this shard, across chunks
         self._resets = 0
+        self._group_rounds = 0  # rounds of rollout_groups played (part of the group reset seeds)
 
     def spaces(self) -> tuple[dict, Any, int | None]:
         """The env's observation spaces (per group), action space and episode step limit."""
@@ -86,6 +88,28 @@ class EnvShard:
         generator = torch.Generator()
         generator.manual_seed(derive_seed(seed, 5, row_offset))
         return run_episodes(self.env, self.actor, quotas, row_offset, seed, max_steps, deterministic, generator, stop_after)
+
+    def get_state(self) -> dict[str, Any]:
+        """The shard's state for a checkpoint: env state (None if the env cannot save it), RNG, counters."""
+        return {
+            "env": self.env.get_state(),
+            "obs": {k: v.clone() for k, v in self.obs.items()},
+            "generator": self.generator.get_state(),
+            "steps_done": self.steps_done,
+            "resets": self._resets,
+            "group_rounds": self._group_rounds,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> str:
+        """Continue from a ``get_state`` result; returns how (exactly, or with fresh episodes)."""
+        self.generator.set_state(state["generator"])
+        self.steps_done, self._resets, self._group_rounds = state["steps_done"], state["resets"], state["group_rounds"]
+        if state["env"] is None or self.env.get_state() is None:
+            self.obs = self.env.reset(derive_seed(self.seed, 6, self.steps_done))
+            return "fresh episodes (this env cannot save its state)"
+        self.env.set_state(state["env"])
+        self.obs = {k: v.clone() for k, v in state["obs"].items()}
+        return "exact"
 
     def set_weights(self, weights: dict) -> None:
         """Load the actor weights ``{"version": v, "actor": state_dict}`` unless already loaded."""
@@ -128,6 +152,10 @@ class EnvShard:
         for k, v in self.obs.items():
             obs[k][T] = v
         return self._chunk(obs, actions, logp, reward, terminated, truncated, mask, finals, nonfinite)
+
+    def rollout_groups(self, weights: dict, max_steps: int, group_size: int) -> RolloutChunk:
+        """GRPO: one episode per row, groups of ``group_size`` rows from a shared start (``raysim.rollout.groups``)."""
+        return rollout_groups(self, weights, max_steps, group_size)
 
     def _check_finite(self, step: Step, t: int, mask_t: torch.Tensor) -> int:
         """Raise on (or mask and restart) rows with a non-finite reward or observation."""

@@ -1,0 +1,121 @@
+"""GRPO (Shao et al. 2024), read top to bottom: config, group advantages, loss, update.
+
+Critic-free: groups of ``group_size`` rows start from the same reset seed and each plays one
+episode (``EnvShard.rollout_groups``). A member's advantage is its episode return normalized
+within its group, ``(R - mean) / (std + eps)``, or only centred, ``R - mean``, with
+``std_normalize: false`` (Dr. GRPO, Liu et al. 2025). Every step of the episode gets its member's
+advantage. The actor objective is PPO's ``clipped_objective`` (imported, not copied), plus an
+optional KL penalty toward a frozen copy of the initial actor and an entropy bonus.
+
+A truncated episode (the env's step limit, or ``num_steps`` of the round) counts with its return
+so far: there is no critic, so nothing is bootstrapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from raysim.algos.guard import GuardedStep
+from raysim.algos.models import Actor
+from raysim.algos.ppo import clipped_objective, select
+from raysim.rollout.chunk import RolloutChunk
+
+
+@dataclass
+class GRPOConfig:
+    """GRPO hyperparameters."""
+
+    needs_values: ClassVar[bool] = False  # the learner runs no critic and no value inference
+
+    name: str = "grpo"
+    group_size: int = 8  # rows per group (must divide env.num_envs, >= 2)
+    num_steps: int = 500  # step limit of one round: a round ends when every row finished or at this
+    lr: float = 3e-4
+    lr_schedule: str = "constant"  # constant | linear (to 0 over the run)
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    clip_coef: float = 0.2
+    ent_coef: float = 0.0
+    kl_coef: float = 0.0  # KL penalty toward the frozen initial actor (0: none, no reference kept)
+    std_normalize: bool = True  # False: advantages R - mean only (Dr. GRPO)
+    max_grad_norm: float = 0.5
+    max_nonfinite_updates: int = 3  # consecutive skipped minibatches before training stops
+
+
+def group_advantages(returns: torch.Tensor, group_size: int, std_normalize: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Group-relative advantages [N] of the episode returns [N] (rows ``[gG, (g+1)G)`` form group g).
+
+    ``(R - mean) / (std + eps)`` with the group's (unbiased) std, or ``R - mean`` when not
+    ``std_normalize``. A group whose returns are all equal gets exactly zero advantages.
+    """
+    grouped = returns.reshape(-1, group_size).to(torch.float64)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if std_normalize:
+        centred = centred / (grouped.std(1, keepdim=True) + eps)
+    equal = (grouped == grouped[:, :1]).all(1, keepdim=True)
+    return torch.where(equal, 0.0, centred).reshape(-1).to(returns.dtype)
+
+
+def chunk_advantages(chunk: RolloutChunk, config: GRPOConfig) -> torch.Tensor:
+    """Advantages [T, N]: every step of a row's episode gets the row's group advantage."""
+    returns = torch.zeros(chunk.num_envs, dtype=chunk.reward.dtype, device=chunk.reward.device)
+    returns[chunk.episodes["row"]] = chunk.episodes["return"].to(returns)
+    advantages = group_advantages(returns, config.group_size, config.std_normalize)
+    return advantages.expand(chunk.num_steps, -1)
+
+
+def grpo_loss(actor: Actor, batch: dict, config: GRPOConfig, reference: Actor | None) -> tuple[torch.Tensor, dict]:
+    """The GRPO loss of one minibatch and its metrics (tensors, still on the device)."""
+    newlogprob, entropy = actor.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
+    logratio = newlogprob - batch["logprobs"]
+    with torch.no_grad():
+        ratio = logratio.exp()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > config.clip_coef).float().mean()
+
+    pg_loss = -clipped_objective(logratio, batch["advantages"], config.clip_coef).mean()
+
+    kl = torch.zeros((), device=newlogprob.device)
+    if config.kl_coef > 0 and reference is not None:
+        with torch.no_grad():
+            ref_logprob, _ = reference.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
+        diff = ref_logprob - newlogprob
+        kl = (diff.exp() - diff - 1).mean()  # k3 estimator of KL(pi || pi_ref)
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - config.ent_coef * entropy_loss + config.kl_coef * kl
+    metrics = {"pg_loss": pg_loss, "kl": kl, "entropy": entropy_loss, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, metrics
+
+
+def grpo_update(
+    actor: Actor,
+    step: GuardedStep,
+    batch: dict,
+    config: GRPOConfig,
+    generator: torch.Generator,
+    reference: Actor | None = None,
+) -> dict[str, torch.Tensor]:
+    """``update_epochs`` passes over ``batch`` in ``num_minibatches`` shuffled minibatches.
+
+    Returns the metrics averaged over the minibatches that were applied (tensors).
+    """
+    size = batch["actions"].shape[0]
+    minibatch_size = max(1, size // config.num_minibatches)
+    totals: dict[str, torch.Tensor] = {}
+    applied = 0
+    for _ in range(config.update_epochs):
+        order = torch.randperm(size, generator=generator).to(batch["actions"].device)
+        for start in range(0, size - minibatch_size + 1, minibatch_size):
+            loss, metrics = grpo_loss(actor, select(batch, order[start : start + minibatch_size]), config, reference)
+            grad_norm = step(loss, {k: metrics[k] for k in ("pg_loss", "kl", "entropy")})
+            if grad_norm is None:
+                continue
+            metrics["grad_norm"] = grad_norm
+            applied += 1
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + value.detach()
+    return {name: value / max(applied, 1) for name, value in totals.items()}
