@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from raysim.checkpoint import CheckpointError
 from raysim.config import ConfigError, load_config
 
 TRAIN_HELP = """Train PPO / GRPO on batched envs with Ray.
@@ -30,6 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--run-dir", help="where to write the run (default: runs/<name>)")
     train.add_argument("--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded local Ray)")
     train.add_argument("--local", action="store_true", help="run every role in this process, without Ray")
+
+    resume = commands.add_parser(
+        "resume", help="continue a run from its newest intact checkpoint",
+        description="Continue RUN_DIR (also after it was moved or copied) from its newest intact checkpoint, "
+                    "with the run's own config snapshot, or with --config: the original declaration, a whole run "
+                    "config, or an env config such as RUN_DIR/configs/gym.yaml. An env that differs from the "
+                    "checkpoint's is refused, listing every differing key.")
+    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("--config", help="config to resume with (default: RUN_DIR/configs/train.yaml)")
+    resume.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value (repeatable)")
+    resume.add_argument("--force", action="store_true", help="resume even though the env differs (loud warning)")
+    resume.add_argument("--address", help="Ray cluster to attach to")
+    resume.add_argument("--local", action="store_true", help="run every role in this process, without Ray")
 
     evaluate = commands.add_parser(
         "eval", help="evaluate a trained policy",
@@ -57,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return train(args)
+        if args.command == "resume":
+            return resume(args)
         if args.command == "eval":
             return evaluate(args)
         if args.command == "bench":
             from raysim.bench.collect import main as collect
 
             return collect(args.args)
-    except (ConfigError, FileNotFoundError) as error:
+    except (ConfigError, FileNotFoundError, CheckpointError) as error:
         print(f"raysim: error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -80,15 +97,34 @@ def train(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     print(f"raysim: training {config.name}: {config.env.id}, {config.shards.count} shard(s) x {config.env.num_envs} envs, "
           f"{config.algo.name}, {config.train.total_steps:,} env steps", flush=True)
-    summary = Trainer(config, address=args.address).train()
+    return report(Trainer(config, address=args.address).train())
+
+
+def resume(args: argparse.Namespace) -> int:
+    from raysim.coordinator import Trainer
+
+    overrides = list(args.overrides) + (["backend=local"] if args.local else [])
+    trainer = Trainer.from_run_dir(args.run_dir, args.config, overrides, force=args.force, address=args.address)
+    return report(trainer.train())
+
+
+def report(summary) -> int:
+    """Print a training summary; the exit code (130 when stopped before the end)."""
     print(f"\ndone: {summary.env_steps:,} env steps in {summary.iterations} iterations, "
           f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up), "
-          f"{summary.env_steps / max(summary.wall_time, 1e-9):,.0f} steps/s")
-    report = summary.evaluation
-    if report is not None:
-        r = report.returns
+          f"{summary.steps_this_run / max(summary.wall_time, 1e-9):,.0f} steps/s")
+    evaluation = summary.evaluation
+    if evaluation is not None:
+        r = evaluation.returns
         mean = "n/a" if r["mean"] is None else f"{r['mean']:.1f} +- {r['std']:.1f}"
-        print(f"evaluation: {report.completed}/{report.requested} episodes completed, return {mean}")
+        print(f"evaluation: {evaluation.completed}/{evaluation.requested} episodes completed, return {mean}")
+        rate = evaluation.success_rate
+        if rate is not None and rate.value is not None:
+            lo, hi = rate.interval
+            print(f"success: {rate.numerator}/{rate.denominator} = {rate.value:.3f}  "
+                  f"[{lo:.3f}, {hi:.3f}] {100 * evaluation.confidence:g}% Wilson")
+    if summary.interrupted:
+        print(f"stopped before the end: continue with `raysim resume {summary.run_dir}`")
     print(f"run directory: {summary.run_dir}")
     return 130 if summary.interrupted else 0
 

@@ -42,6 +42,11 @@ _Loader.add_implicit_resolver(
 )
 
 
+def safe_load(text: str) -> Any:
+    """YAML through raysim's safe loader (no Python objects; ``1e-3`` is a float)."""
+    return yaml.load(text, Loader=_Loader)
+
+
 @dataclass
 class EnvConfig:
     """Which env each shard builds, and how many rows."""
@@ -50,6 +55,7 @@ class EnvConfig:
     num_envs: int = 64  # rows per shard
     kwargs: dict = field(default_factory=dict)  # options for the env factory
     on_nonfinite: str = "raise"  # raise | mask
+    metadata: dict = field(default_factory=dict)  # the task's description, kept verbatim in snapshots
 
 
 @dataclass
@@ -66,8 +72,9 @@ class LearnerConfig:
     """Where the learner runs."""
 
     device: str = "cpu"  # cpu | cuda | auto (a GPU when Ray gives one)
-    num_gpus: float = 0.0
-    num_cpus: float = 1.0
+    num_gpus: float = 0.0  # per rank
+    num_cpus: float = 1.0  # per rank
+    ranks: int = 1  # data-parallel learner ranks (torch.distributed: gloo on CPU, NCCL on GPU)
 
 
 @dataclass
@@ -76,6 +83,15 @@ class TrainConfig:
 
     total_steps: int = 100_000  # env steps, summed over shards
     log_every: int = 1  # iterations between progress lines
+    stop_after: int | None = None  # stop this process after this many iterations (resume continues)
+
+
+@dataclass
+class CheckpointConfig:
+    """When to save and what to keep."""
+
+    every: int = 0  # iterations between checkpoints (0: only at the end)
+    keep_last: int = 3  # newest checkpoints kept (plus the best by evaluation)
 
 
 @dataclass
@@ -106,6 +122,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run_dir: str | None = None  # default: runs/<name>
     backend: str = "ray"  # ray | local (everything in this process; tests, debugging)
 
@@ -125,14 +142,23 @@ def resolve_config_path(path: str | Path | None) -> Path:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (default: the packaged ``cartpole_ppo.yaml``) and apply overrides."""
-    file = resolve_config_path(path)
-    try:
-        data = yaml.load(file.read_text(), Loader=_Loader) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{file}: not valid YAML: {error}") from error
+    """Read a YAML config (default: the packaged ``cartpole_ppo.yaml``) and apply overrides.
+
+    ``include:`` and ``env: {component: ...}`` references are expanded first (see composition.py).
+    """
+    from raysim.composition import read_yaml
+
+    file = resolve_config_path(path).resolve()
+    return config_from_data(read_yaml(file) or {}, file, overrides)
+
+
+def config_from_data(data: Any, file: Path, overrides: list[str] | None = None) -> Config:
+    """A ``Config`` from the raw YAML data of ``file``: expanded, overridden, checked."""
+    from raysim.composition import expand
+
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of keys, got {type(data).__name__}")
+    data = expand(data, file.parent)
     for item in overrides or []:
         apply_override(data, item)
     config = from_dict(Config, data, str(file))
@@ -140,8 +166,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config
 
 
+def load_resume_config(run_dir: Path, path: str | Path | None, overrides: list[str]) -> Config:
+    """The config to resume ``run_dir`` with: its snapshot, a whole run config, or an env config.
+
+    An env config (a file with an ``id`` and no ``env`` section, such as the run's own
+    ``configs/gym.yaml``) replaces the env of the run's snapshot; its row counts stay.
+    """
+    from raysim.composition import read_yaml
+
+    snapshot = run_dir / "configs" / "train.yaml"
+    if path is None:
+        return load_config(snapshot, overrides)
+    file = resolve_config_path(path).resolve()
+    data = read_yaml(file) or {}
+    if isinstance(data, dict) and "id" in data and "env" not in data:
+        run = read_yaml(snapshot)
+        run["env"] = {**{k: v for k, v in run["env"].items() if k != "component"}, "component": str(file)}
+        return config_from_data(run, snapshot, overrides)
+    return config_from_data(data, file, overrides)
+
+
 def check_config(config: Config, where: str = "config") -> None:
-    """Checks across sections: GRPO's group size against the rows per shard."""
+    """Checks across sections: GRPO's group size against the rows per shard; learner ranks."""
+    ranks = config.learner.ranks
+    if not isinstance(ranks, int) or ranks < 1 or config.shards.count % ranks:
+        raise ConfigError(f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}")
+    if ranks > 1 and getattr(config.algo, "target_kl", None) is not None:
+        raise ConfigError(f"{where}: algo.target_kl is not supported with learner.ranks > 1 (the ranks must stop together)")
     algo = config.algo
     if algo.name == "grpo":
         size, rows = algo.group_size, config.env.num_envs
@@ -165,7 +216,7 @@ def apply_override(data: dict, item: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"--set {item!r}: {part!r} is not a section")
     try:
-        node[parts[-1]] = yaml.load(raw, Loader=_Loader)
+        node[parts[-1]] = safe_load(raw)
     except yaml.YAMLError as error:
         raise ConfigError(f"--set {item!r}: the value is not valid YAML: {getattr(error, 'problem', None) or error}") from error
 

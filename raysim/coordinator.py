@@ -2,6 +2,7 @@
 
     trainer = Trainer(load_config("configs/cartpole_ppo.yaml"))
     summary = trainer.train()          # env steps, wall time, last metrics, run directory
+    Trainer.from_run_dir(summary.run_dir).train()     # continue a run from its newest checkpoint
 
 It runs in the driver (``raysim train``, a user's script, or a ``ray job``). Data never passes
 through it: shards receive the learner's weights as one object ref, the learner receives the
@@ -20,10 +21,11 @@ from typing import Any
 import yaml
 
 from raysim.actors import Backend, Handle, LocalBackend, RayBackend
-from raysim.checkpoint import save_checkpoint
-from raysim.config import Config, check_config, to_dict
+from raysim.checkpoint import load_latest, save_checkpoint
+from raysim.composition import differences, env_identity
+from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
-from raysim.learner import Learner
+from raysim.learner_group import LearnerGroup
 from raysim.metrics import ConsoleSink, ParquetSink
 from raysim.rollout.shard import EnvShard
 from raysim.seeding import derive_seed
@@ -35,99 +37,185 @@ class Summary:
 
     env_steps: int
     iterations: int
-    wall_time: float  # seconds, Ray start-up and actor creation excluded
+    wall_time: float  # seconds of training, Ray start-up, actor creation and evaluation excluded
     startup_time: float  # seconds to start Ray (if needed) and create the actors
     run_dir: str
     metrics: dict[str, float] = field(default_factory=dict)  # the last iteration's
     evaluation: EvalReport | None = None
-    interrupted: bool = False
+    interrupted: bool = False  # Ctrl-C, or train.stop_after reached: resume continues
+    steps_this_run: int = 0  # env steps collected by this process (a resumed run counts from its checkpoint)
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed run continues: the checkpoint and its counters."""
+
+    checkpoint: Path
+    state: dict[str, Any]
+    meta: dict[str, Any]
+
+
+@dataclass
+class Roles:
+    shards: list[Handle]
+    eval_shards: list[Handle]
+    learner: LearnerGroup
+    max_episode_steps: int | None
 
 
 class Trainer:
-    """Trains ``config`` with shards and a learner on Ray (or in-process: ``backend: local``)."""
+    """Trains ``config`` with shards and a learner group on Ray (or in-process: ``backend: local``).
 
-    def __init__(self, config: Config, address: str | None = None, sinks: list | None = None):
+    ``Trainer(config).train()`` starts a new run directory; ``Trainer.from_run_dir(path).train()``
+    continues a run from its newest intact checkpoint.
+    """
+
+    def __init__(self, config: Config, address: str | None = None, sinks: list | None = None,
+                 resume: ResumePoint | None = None):
         check_config(config)
         self.config = config
         self.address = address
-        self.run_dir = make_run_dir(config)
         self.sinks = sinks
-        self.started_ray = False
+        self.resume = resume
+        self.run_dir = Path(config.run_dir) if resume else new_run_dir(config)
+        self.identity, self.canonical_env = env_identity(to_dict(config.env))
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | Path, config: str | Path | None = None, overrides: list[str] | None = None,
+                     force: bool = False, address: str | None = None) -> "Trainer":
+        """A trainer that continues ``run_dir`` (also after the directory was moved).
+
+        ``config``: the run's own snapshot by default; or the original declaration; or an env
+        config (such as the run's ``configs/gym.yaml``) that replaces the snapshot's env. An env
+        whose identity differs from the checkpoint's is refused, listing every differing key,
+        unless ``force``.
+        """
+        run_dir = Path(run_dir).resolve()
+        checkpoint, state, meta = load_latest(run_dir)
+        config_obj = load_resume_config(run_dir, config, overrides or [])
+        config_obj.run_dir = str(run_dir)
+        identity, canonical = env_identity(to_dict(config_obj.env))
+        if identity != meta.get("identity"):
+            lines = differences(meta.get("canonical_env", {}), canonical)
+            message = "the env differs from the checkpoint's:\n  " + "\n  ".join(lines or ["(no canonical config saved)"])
+            if not force:
+                raise ConfigError(f"cannot resume {run_dir}: {message}\nPass --force to resume anyway.")
+            print(f"raysim: WARNING: resuming with --force although {message}", flush=True)
+        return cls(config_obj, address=address, resume=ResumePoint(checkpoint, state, meta))
 
     def train(self) -> Summary:
-        """Run to ``train.total_steps`` env steps (Ctrl-C stops cleanly); evaluate; save."""
+        """Run to ``train.total_steps`` env steps (Ctrl-C stops cleanly), checkpoint, evaluate."""
         cfg = self.config
         t0 = time.perf_counter()
-        backend, self.started_ray = start_backend(cfg, self.address)
+        backend, started_ray = start_backend(cfg, self.address)
         try:
             iterations = max(1, math.ceil(cfg.train.total_steps / steps_per_iteration(cfg)))
-            shards, eval_shards, learner, max_episode_steps = self._create_roles(backend, iterations)
+            roles = self._create_roles(backend, iterations)
+            if self.resume:
+                iteration, env_steps = self._restore(backend, roles)
+            else:
+                self._snapshot(roles)
+                iteration, env_steps = 0, 0
             startup = time.perf_counter() - t0
-            sinks = self.sinks if self.sinks is not None else [ConsoleSink(cfg.train.total_steps), ParquetSink(self.run_dir / "metrics.parquet")]
-            weights = learner.call("get_weights")
-            env_steps, metrics, interrupted, iteration = 0, {}, False, 0
+            sinks = self.sinks if self.sinks is not None else [
+                ConsoleSink(cfg.train.total_steps), ParquetSink(self.run_dir / "metrics.parquet", keep_until=iteration)]
+            last = iterations if cfg.train.stop_after is None else min(iterations, iteration + cfg.train.stop_after)
+            weights = roles.learner.get_weights()
+            metrics, interrupted, eval_time, eval_return, first_steps = {}, False, 0.0, None, env_steps
             start = time.perf_counter()
-            eval_time = 0.0
             try:
-                for iteration in range(1, iterations + 1):
+                while iteration < last:
+                    iteration += 1
                     if cfg.algo.name == "grpo":  # one episode per row, groups from shared starts
-                        chunks = [shard.call("rollout_groups", weights, cfg.algo.num_steps, cfg.algo.group_size)
-                                  for shard in shards]
+                        chunks = [s.call("rollout_groups", weights, cfg.algo.num_steps, cfg.algo.group_size)
+                                  for s in roles.shards]
                     else:
-                        chunks = [shard.call("rollout", weights, cfg.algo.num_steps) for shard in shards]
-                    metrics = backend.get(learner.call("update", *chunks))
-                    weights = learner.call("get_weights")
+                        chunks = [s.call("rollout", weights, cfg.algo.num_steps) for s in roles.shards]
+                    metrics = roles.learner.update(chunks)
+                    weights = roles.learner.get_weights()
                     env_steps += int(metrics["env_steps"])
                     if cfg.algo.name == "grpo" and env_steps >= cfg.train.total_steps:
-                        iterations = iteration  # GRPO rounds vary in length: stop on the step budget
+                        iterations = last = iteration  # GRPO rounds vary in length: stop on the step budget
                     if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration < iterations:
                         e0 = time.perf_counter()
-                        report = self._evaluate(backend, eval_shards, weights, max_episode_steps, iteration)
-                        metrics["eval_return"] = report.mean_return if report.mean_return is not None else math.nan
+                        eval_return = self._evaluate(backend, roles, weights, iteration).mean_return
+                        metrics["eval_return"] = math.nan if eval_return is None else eval_return
                         eval_time += time.perf_counter() - e0
-                    if iteration % cfg.train.log_every == 0 or iteration == iterations:
+                    if iteration % cfg.train.log_every == 0 or iteration == last:
                         elapsed = time.perf_counter() - start - eval_time
                         record = {**metrics, "iteration": iteration, "env_steps": env_steps, "time": elapsed,
-                                  "steps_per_s": env_steps / max(elapsed, 1e-9)}
+                                  "steps_per_s": (env_steps - first_steps) / max(elapsed, 1e-9)}
                         for sink in sinks:
                             sink.write(record)
-                    if iteration == iterations:
-                        break
+                    if cfg.checkpoint.every and iteration % cfg.checkpoint.every == 0 and iteration < last:
+                        self._save(backend, roles, iteration, env_steps, eval_return)
             except KeyboardInterrupt:
                 interrupted = True
                 print(f"\ninterrupted at iteration {iteration}: saving and stopping", flush=True)
             wall = time.perf_counter() - start - eval_time
-            state = backend.get(learner.call("state_dict"))
-            save_checkpoint(self.run_dir, iteration, state, {"iteration": iteration, "env_steps": env_steps})
-            report = None
-            if cfg.eval.episodes > 0 and not interrupted:
-                report = self._evaluate(backend, eval_shards, weights, max_episode_steps, iteration)
+            finished = iteration >= iterations and not interrupted
+            report = self._evaluate(backend, roles, weights, iteration) if finished and cfg.eval.episodes > 0 else None
+            if report is not None:
+                eval_return = report.mean_return
+            self._save(backend, roles, iteration, env_steps, eval_return)
             for sink in sinks:
                 sink.close()
-            return Summary(env_steps, iteration, wall, startup, str(self.run_dir), metrics, report, interrupted)
+            return Summary(env_steps, iteration, wall, startup, str(self.run_dir), metrics, report, not finished,
+                           env_steps - first_steps)
         finally:
-            if self.started_ray:
+            if started_ray:
                 import ray
 
                 ray.shutdown()
 
-    def _create_roles(self, backend: Backend, iterations: int):
+    def _create_roles(self, backend: Backend, iterations: int) -> Roles:
         cfg = self.config
         shards = [create_shard(backend, cfg, i) for i in range(cfg.shards.count)]
         eval_count = cfg.eval.shards if (cfg.eval.episodes or cfg.eval.every) else 0
         eval_shards = [create_shard(backend, cfg, i, evaluation=True) for i in range(eval_count)]
         observation_spaces, action_space, max_episode_steps = backend.get(shards[0].call("spaces"))
-        learner_options = {"num_cpus": cfg.learner.num_cpus, "num_gpus": cfg.learner.num_gpus}
-        learner = backend.create(Learner, observation_spaces, action_space, cfg.model, cfg.algo, iterations,
-                                 seed=cfg.seed, device=cfg.learner.device, options=learner_options)
-        return shards, eval_shards, learner, max_episode_steps
+        learner = LearnerGroup(
+            backend, cfg.learner.ranks, observation_spaces, action_space, cfg.model, cfg.algo, iterations,
+            seed=cfg.seed, device=cfg.learner.device,
+            options={"num_cpus": cfg.learner.num_cpus, "num_gpus": cfg.learner.num_gpus},
+        )
+        return Roles(shards, eval_shards, learner, max_episode_steps)
 
-    def _evaluate(self, backend: Backend, eval_shards: list, weights: Any, max_episode_steps: int | None,
-                  iteration: int) -> EvalReport:
+    def _snapshot(self, roles: Roles) -> None:
+        """Freeze the run's configs: ``gym.yaml`` (resources exported by the task) and ``train.yaml``."""
+        env = to_dict(self.config.env)
+        declared = {"id": env["id"], "kwargs": env["kwargs"]}
+        exported = roles.learner.export_env(declared, str(self.run_dir / "resources"))
+        write_snapshot(self.run_dir, self.config, exported)
+
+    def _restore(self, backend: Backend, roles: Roles) -> tuple[int, int]:
+        """Load the checkpoint on every learner rank and into the shards; returns the counters."""
+        point = self.resume
+        roles.learner.load(str(point.checkpoint))
+        saved = point.state.get("shards") or []
+        if len(saved) == len(roles.shards):
+            modes = backend.get([s.call("set_state", state) for s, state in zip(roles.shards, saved)])
+            how = "exactly" if all(m == "exact" for m in modes) else "; ".join(sorted(set(modes)))
+        else:
+            how = f"with fresh episodes ({len(saved)} shards saved, {len(roles.shards)} now)"
+        iteration, env_steps = int(point.meta["iteration"]), int(point.meta["env_steps"])
+        print(f"raysim: resuming {self.run_dir} from {point.checkpoint} (iteration {iteration}, "
+              f"{env_steps:,} env steps); shards continue {how}", flush=True)
+        return iteration, env_steps
+
+    def _save(self, backend: Backend, roles: Roles, iteration: int, env_steps: int, eval_return: float | None) -> None:
+        state = roles.learner.state_dict()
+        state["shards"] = backend.get([s.call("get_state") for s in roles.shards])
+        meta = {"env_steps": env_steps, "identity": self.identity, "canonical_env": self.canonical_env}
+        if eval_return is not None:
+            meta["eval_return"] = eval_return
+        save_checkpoint(self.run_dir, iteration, state, meta, keep_last=self.config.checkpoint.keep_last)
+
+    def _evaluate(self, backend: Backend, roles: Roles, weights: Any, iteration: int) -> EvalReport:
         cfg = self.config
         report = evaluate_on_shards(
-            backend, lambda i: create_shard(backend, cfg, i, evaluation=True), eval_shards,
-            [cfg.eval.num_envs] * len(eval_shards), weights, eval_spec(cfg, max_episode_steps),
+            backend, lambda i: create_shard(backend, cfg, i, evaluation=True), roles.eval_shards,
+            [cfg.eval.num_envs] * len(roles.eval_shards), weights, eval_spec(cfg, roles.max_episode_steps),
         )
         write_records(self.run_dir / "eval" / f"{iteration}.parquet", report.records)
         return report
@@ -187,12 +275,37 @@ def steps_per_iteration(config: Config) -> int:
     return config.shards.count * config.env.num_envs * steps
 
 
-def make_run_dir(config: Config) -> Path:
-    """A new run directory (``runs/<name>``, suffixed when taken) with its config snapshot."""
+def new_run_dir(config: Config) -> Path:
+    """A new, empty run directory: ``run_dir``, or ``runs/<name>`` (suffixed when taken)."""
     base = Path(config.run_dir) if config.run_dir else Path("runs") / config.name
     path, n = base, 1
     while path.exists() and any(path.iterdir()):
         path, n = base.with_name(f"{base.name}-{n}"), n + 1
     (path / "configs").mkdir(parents=True, exist_ok=True)
-    (path / "configs" / "train.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
     return path
+
+
+def write_snapshot(run_dir: Path, config: Config, env: dict[str, Any]) -> None:
+    """``configs/gym.yaml`` (the env, resource files relative to it, metadata verbatim) and
+    ``configs/train.yaml`` (the whole run config, its env a component reference to gym.yaml)."""
+    configs = run_dir / "configs"
+    kwargs = relative_files(env["kwargs"], configs)
+    gym = {"id": env["id"], "kwargs": kwargs, "metadata": config.env.metadata}
+    train = to_dict(config)
+    train["train"]["stop_after"] = None  # runtime-only: a resume runs to the end unless told otherwise
+    train["env"] = {"component": "gym.yaml", "num_envs": config.env.num_envs, "on_nonfinite": config.env.on_nonfinite}
+    for name, data in (("gym.yaml", gym), ("train.yaml", train)):
+        tmp = configs / f".{name}.tmp"
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+        os.replace(tmp, configs / name)
+
+
+def relative_files(value: Any, base: Path) -> Any:
+    """Every ``{file: PATH}`` made relative to ``base`` (so the run directory can move)."""
+    if isinstance(value, dict):
+        if set(value) == {"file"}:
+            return {"file": os.path.relpath(value["file"], base)}
+        return {k: relative_files(v, base) for k, v in value.items()}
+    if isinstance(value, list):
+        return [relative_files(v, base) for v in value]
+    return value

@@ -13,15 +13,20 @@ leave it as one object ref that every shard reads.
 from __future__ import annotations
 
 import copy
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import torch
+import torch.distributed as dist
 
 from raysim.algos.guard import GuardedStep
 from raysim.algos.grpo import GRPOConfig, chunk_advantages, grpo_update
 from raysim.algos.models import ActorCritic, ModelConfig
 from raysim.algos.ppo import PPOConfig, ppo_update
+from raysim.checkpoint import load_checkpoint
+from raysim.envs.registry import export_resources
 from raysim.rollout.advantages import chunk_values, gae
 from raysim.rollout.chunk import RolloutChunk
 from raysim.seeding import derive_seed
@@ -53,14 +58,18 @@ class Learner:
         iterations: int,
         seed: int = 0,
         device: str = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
     ):
-        torch.manual_seed(derive_seed(seed, 3))
         self.algo = algo
+        self.rank, self.world_size = rank, world_size
         self.device = resolve_device(device)
         if algo.name not in ("ppo", "grpo"):
             raise ValueError(f"algo.name must be 'ppo' or 'grpo', got {algo.name!r}")
         self.needs_values = getattr(algo, "needs_values", True)
-        self.model = ActorCritic(observation_spaces, action_space, model).to(self.device)
+        with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank; the caller's RNG untouched
+            torch.manual_seed(derive_seed(seed, 3))
+            self.model = ActorCritic(observation_spaces, action_space, model).to(self.device)
         if self.needs_values and self.model.critic is None:
             raise ValueError(f"algo {algo.name!r} needs a critic, but model.critic is false")
         self.reference = None  # GRPO's KL reference: the initial actor, frozen
@@ -73,10 +82,81 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda i: max(0.0, 1.0 - i / max(1, iterations)) if linear else 1.0
         )
-        self.step = GuardedStep(self.optimizer, algo.max_grad_norm, algo.max_nonfinite_updates)
+        self.step = GuardedStep(self.optimizer, algo.max_grad_norm, algo.max_nonfinite_updates, world_size)
         self.generator = torch.Generator()
-        self.generator.manual_seed(derive_seed(seed, 4))
+        self.generator.manual_seed(derive_seed(seed, 4, rank))
         self.version = 0
+
+    # -- a group of ranks (data-parallel) -----------------------------------------------------
+
+    def master_address(self) -> tuple[str, int]:
+        """Rank 0: an address and a free port for the group's rendezvous."""
+        import socket
+
+        host = socket.gethostbyname(socket.gethostname())
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            return host, probe.getsockname()[1]
+
+    def join(self, host: str, port: int) -> None:
+        """Join the torch.distributed group of ``world_size`` ranks (gloo on CPU, NCCL on GPU)."""
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size)
+
+    def agree(self, what: str, error: BaseException | None) -> None:
+        """Agreement on errors after a step that can fail on one rank only.
+
+        Every rank calls it with its own outcome; if any rank failed, all raise the same
+        ``RankError`` naming the failing ranks and causes, so none waits in a later collective.
+        """
+        if self.world_size == 1:
+            if error is not None:
+                raise error
+            return
+        outcomes: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(outcomes, None if error is None else f"{type(error).__name__}: {error}")
+        failed = [f"rank {r}: {cause}" for r, cause in enumerate(outcomes) if cause is not None]
+        if failed:
+            raise RankError(f"{what} failed on " + "; ".join(failed))
+
+    # -- run snapshots and checkpoints --------------------------------------------------------
+
+    def export_env(self, env: dict[str, Any], resources: str) -> dict[str, Any]:
+        """The env config with its task resources exported (the task's hook), errors agreed on.
+
+        Rank 0 writes into ``resources``; the other ranks export into a scratch folder, which
+        checks that they materialize the same resources.
+        """
+        error, exported = None, {}
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                folder = Path(resources) if self.rank == 0 else Path(scratch)
+                exported = {**env, "kwargs": export_resources(env["id"], env.get("kwargs") or {}, folder)}
+        except Exception as caught:  # noqa: BLE001 - every failure is agreed on, then raised
+            error = caught
+        self.agree("exporting the env snapshot", error)
+        return exported
+
+    def load(self, checkpoint: str) -> int:
+        """Load a checkpoint directory on every rank (errors agreed on); returns its policy version."""
+        error = None
+        try:
+            state, _ = load_checkpoint(checkpoint)
+            self.load_state_dict(state)
+        except Exception as caught:  # noqa: BLE001 - every failure is agreed on, then raised
+            error = caught
+        self.agree(f"loading checkpoint {checkpoint}", error)
+        return self.version
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict`` result (model, optimizer, schedule, RNG, version)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self.version = int(state["version"])
+        if self.reference is not None and "reference" in state:
+            self.reference.load_state_dict(state["reference"])
 
     def get_weights(self) -> dict[str, Any]:
         """The actor's weights for the shards: ``{"version": v, "actor": state_dict on CPU}``."""
@@ -95,7 +175,12 @@ class Learner:
         }
 
     def update(self, *chunks: RolloutChunk) -> dict[str, float]:
-        """One PPO or GRPO update on the chunks; returns the iteration's metrics as plain numbers."""
+        """One PPO or GRPO update on the chunks; returns the iteration's metrics as plain numbers.
+
+        The metrics stay tensors until the end, where they are stacked, reduced across ranks with
+        one collective (means for the update's metrics, sums for the counts) and copied to the
+        host once.
+        """
         batch = self.batch(chunks)
         if self.algo.name == "grpo":
             metrics = grpo_update(self.model.actor, self.step, batch, self.algo, self.generator, self.reference)
@@ -104,11 +189,15 @@ class Learner:
         metrics["lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
         self.scheduler.step()
         self.version += 1
-        names = list(metrics)
-        values = torch.stack([metrics[n].float().to("cpu") for n in names]).tolist() if names else []
-        result = dict(zip(names, values))
-        result.update(episode_stats(chunks))
-        result["env_steps"] = sum(c.env_steps for c in chunks)
+        means = list(metrics)
+        counts = episode_sums(chunks)
+        vector = torch.stack([metrics[n].float().to(self.device) for n in means] + [v.to(self.device) for v in counts.values()])
+        if self.world_size > 1:
+            dist.all_reduce(vector)
+            vector[: len(means)] /= self.world_size
+        values = vector.tolist()
+        result = dict(zip(means, values))
+        result.update(episode_stats(dict(zip(counts, values[len(means) :]))))
         result["skipped_updates"] = self.step.skipped
         result["policy_version"] = self.version
         return result
@@ -119,31 +208,25 @@ class Learner:
         for chunk in chunks:
             chunk = to_device(chunk, self.device)
             valid = chunk.mask
-            if not self.needs_values:  # GRPO: group-relative returns, no critic anywhere
+            part = {
+                "obs": {k: v[:-1][valid] for k, v in chunk.obs.items()},
+                "actions": chunk.actions[valid],
+                "logprobs": chunk.logp[valid],
+            }
+            if self.needs_values:
+                values, next_values = chunk_values(self.model.critic, chunk)
+                done = chunk.terminated | chunk.truncated
+                advantages = gae(chunk.reward, values, next_values, done, valid, self.algo.gamma, self.algo.gae_lambda)
+                part.update(returns=(advantages + values)[valid], values=values[valid])
+            else:  # GRPO: group-relative returns, no critic anywhere
                 advantages = chunk_advantages(chunk, self.algo)
-                parts.append(
-                    {
-                        "obs": {k: v[:-1][valid] for k, v in chunk.obs.items()},
-                        "actions": chunk.actions[valid],
-                        "logprobs": chunk.logp[valid],
-                        "advantages": advantages[valid],
-                    }
-                )
-                continue
-            values, next_values = chunk_values(self.model.critic, chunk)
-            done = chunk.terminated | chunk.truncated
-            advantages = gae(chunk.reward, values, next_values, done, chunk.mask, self.algo.gamma, self.algo.gae_lambda)
-            parts.append(
-                {
-                    "obs": {k: v[:-1][valid] for k, v in chunk.obs.items()},
-                    "actions": chunk.actions[valid],
-                    "logprobs": chunk.logp[valid],
-                    "advantages": advantages[valid],
-                    "returns": (advantages + values)[valid],
-                    "values": values[valid],
-                }
-            )
+            part["advantages"] = advantages[valid]
+            parts.append(part)
         return concat(parts)
+
+
+class RankError(RuntimeError):
+    """A step failed on at least one learner rank; every rank raises this same error."""
 
 
 def to_device(chunk: RolloutChunk, device: torch.device) -> RolloutChunk:
@@ -165,17 +248,30 @@ def concat(parts: list[dict]) -> dict:
     }
 
 
-def episode_stats(chunks: tuple[RolloutChunk, ...]) -> dict[str, float]:
-    """Mean return, length (and success rate) of the episodes completed in these chunks."""
+def episode_sums(chunks: tuple[RolloutChunk, ...]) -> dict[str, torch.Tensor]:
+    """Sums over the episodes completed in these chunks, and the env steps (to reduce across ranks)."""
     columns = {
-        k: torch.cat([c.episodes[k] for c in chunks if k in c.episodes] or [torch.zeros(0)])
+        k: torch.cat([c.episodes[k].float() for c in chunks if k in c.episodes] or [torch.zeros(0)])
         for k in ("return", "length", "success")
     }
     count = columns["return"].numel()
-    stats = {"episodes": float(count)}
+    has_success = columns["success"].numel() == count  # also when no episode ended here
+    return {
+        "episodes": torch.tensor(float(count)),
+        "return_sum": columns["return"].sum(),
+        "length_sum": columns["length"].sum(),
+        "success_sum": columns["success"].sum() if has_success else torch.tensor(float("nan")),
+        "env_steps": torch.tensor(float(sum(c.env_steps for c in chunks))),
+    }
+
+
+def episode_stats(sums: dict[str, float]) -> dict[str, float]:
+    """Mean return, length (and success rate) from ``episode_sums`` (after the reduction)."""
+    count = sums["episodes"]
+    stats = {"episodes": count, "env_steps": int(sums["env_steps"])}
     if count:
-        stats["episode_return"] = float(columns["return"].float().mean())
-        stats["episode_length"] = float(columns["length"].float().mean())
-        if columns["success"].numel() == count:
-            stats["success_rate"] = float(columns["success"].float().mean())
+        stats["episode_return"] = sums["return_sum"] / count
+        stats["episode_length"] = sums["length_sum"] / count
+        if sums["success_sum"] == sums["success_sum"]:  # not NaN: every episode reported success
+            stats["success_rate"] = sums["success_sum"] / count
     return stats

@@ -41,11 +41,18 @@ class ConsoleSink:
 
 
 class ParquetSink:
-    """``metrics.parquet``: one row per log step, rewritten atomically at each step."""
+    """``metrics.parquet``: one row per log step, rewritten atomically at each step.
 
-    def __init__(self, path: str | Path):
+    A resumed run continues the same file: rows up to the resumed iteration are kept, later ones
+    (logged after the checkpoint the run resumed from) are dropped.
+    """
+
+    def __init__(self, path: str | Path, keep_until: int = 0):
         self.path = Path(path)
         self.rows: list[Record] = []
+        if keep_until and self.path.exists():
+            rows = pq.read_table(self.path).to_pylist()
+            self.rows = [r for r in rows if r.get("iteration", 0) <= keep_until]
 
     def write(self, record: Record) -> None:
         self.rows.append(dict(record))

@@ -20,7 +20,7 @@ import torch
 
 from raysim.algos.guard import GuardedStep
 from raysim.algos.models import Actor
-from raysim.algos.ppo import clipped_objective, select
+from raysim.algos.ppo import clipped_objective, run_epochs
 from raysim.rollout.chunk import RolloutChunk
 
 
@@ -99,23 +99,6 @@ def grpo_update(
     generator: torch.Generator,
     reference: Actor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``update_epochs`` passes over ``batch`` in ``num_minibatches`` shuffled minibatches.
-
-    Returns the metrics averaged over the minibatches that were applied (tensors).
-    """
-    size = batch["actions"].shape[0]
-    minibatch_size = max(1, size // config.num_minibatches)
-    totals: dict[str, torch.Tensor] = {}
-    applied = 0
-    for _ in range(config.update_epochs):
-        order = torch.randperm(size, generator=generator).to(batch["actions"].device)
-        for start in range(0, size - minibatch_size + 1, minibatch_size):
-            loss, metrics = grpo_loss(actor, select(batch, order[start : start + minibatch_size]), config, reference)
-            grad_norm = step(loss, {k: metrics[k] for k in ("pg_loss", "kl", "entropy")})
-            if grad_norm is None:
-                continue
-            metrics["grad_norm"] = grad_norm
-            applied += 1
-            for name, value in metrics.items():
-                totals[name] = totals.get(name, 0.0) + value.detach()
-    return {name: value / max(applied, 1) for name, value in totals.items()}
+    """GRPO's epochs over one batch (PPO's ``run_epochs``); the metrics averaged over applied steps."""
+    return run_epochs(lambda minibatch: grpo_loss(actor, minibatch, config, reference), ("pg_loss", "kl", "entropy"),
+                      step, batch, config, generator)

@@ -2,12 +2,14 @@
 
 A non-finite loss term or gradient never reaches the weights: the step is skipped and counted.
 After ``max_consecutive`` skipped steps in a row, training stops with an error that names the
-quantity that went non-finite.
+quantity that went non-finite. With several learner ranks, the gradients are averaged across
+ranks in one collective that also carries each rank's verdict, so all ranks skip together.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 
 class NonFiniteUpdateError(RuntimeError):
@@ -15,13 +17,14 @@ class NonFiniteUpdateError(RuntimeError):
 
 
 class GuardedStep:
-    """Backward, global grad-norm clipping and the optimizer step, or a counted skip."""
+    """Backward, gradient averaging across ranks, global grad-norm clipping and the optimizer step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, max_grad_norm: float, max_consecutive: int):
+    def __init__(self, optimizer: torch.optim.Optimizer, max_grad_norm: float, max_consecutive: int, world_size: int = 1):
         self.optimizer = optimizer
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.max_grad_norm = max_grad_norm
         self.max_consecutive = max_consecutive
+        self.world_size = world_size
         self.skipped = 0  # over the whole run
         self.consecutive = 0
 
@@ -32,16 +35,19 @@ class GuardedStep:
         """
         self.optimizer.zero_grad(set_to_none=True)
         bad = [name for name, value in terms.items() if not bool(torch.isfinite(value).all())]
-        if not bad and bool(torch.isfinite(loss)):
+        if not bad and not bool(torch.isfinite(loss)):
+            bad = ["loss"]
+        if not bad:
             loss.backward()
+        if self.world_size > 1 and self._average_across_ranks(bool(bad)) and not bad:
+            bad = ["loss on another learner rank"]
+        if not bad:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             if bool(torch.isfinite(grad_norm)):
                 self.optimizer.step()
                 self.consecutive = 0
                 return grad_norm
             bad = ["grad_norm"]
-        else:
-            bad = bad or ["loss"]
         self.optimizer.zero_grad(set_to_none=True)
         self.skipped += 1
         self.consecutive += 1
@@ -52,3 +58,15 @@ class GuardedStep:
                 "algo.max_nonfinite_updates."
             )
         return None
+
+    def _average_across_ranks(self, skipped_here: bool) -> bool:
+        """All-reduce the gradients (mean) and the skip verdicts in one collective; True if any rank skips."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([float(skipped_here)], device=grads[0].device)])
+        dist.all_reduce(flat)
+        skipped_anywhere = bool(flat[-1] > 0)
+        offset = 0
+        for p, g in zip(self.params, grads):
+            p.grad = (flat[offset : offset + g.numel()] / self.world_size).view_as(p)
+            offset += g.numel()
+        return skipped_anywhere

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -91,29 +92,49 @@ def ppo_update(
     config: PPOConfig,
     generator: torch.Generator,
 ) -> dict[str, torch.Tensor]:
-    """``update_epochs`` passes over ``batch`` in ``num_minibatches`` shuffled minibatches.
+    """PPO's epochs over one batch (see ``run_epochs``); the metrics averaged over applied steps."""
+    return run_epochs(lambda minibatch: ppo_loss(model, minibatch, config), ("pg_loss", "v_loss", "entropy"),
+                      step, batch, config, generator)
 
-    Returns the metrics averaged over the minibatches that were applied (tensors).
+
+def run_epochs(
+    loss_fn: Callable[[dict], tuple[torch.Tensor, dict]],
+    loss_terms: tuple[str, ...],
+    step: GuardedStep,
+    batch: dict[str, torch.Tensor | dict],
+    config: PPOConfig,
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """``update_epochs`` passes over ``batch``, each in exactly ``num_minibatches`` shuffled minibatches.
+
+    The remainder of an uneven split is left out of that epoch (a new shuffle each epoch). The
+    minibatch count never depends on the batch size, so learner ranks with different batch sizes
+    take the same number of (collective) steps. ``loss_terms`` name the metrics whose
+    non-finiteness the guard reports. With ``target_kl``, the epochs stop early once the mean
+    ``approx_kl`` exceeds it. Returns the metrics averaged over the applied steps (tensors).
     """
     size = batch["actions"].shape[0]
-    minibatch_size = max(1, size // config.num_minibatches)
+    if size < config.num_minibatches:
+        raise ValueError(f"a batch of {size} transitions cannot be split into {config.num_minibatches} minibatches")
+    minibatch_size = size // config.num_minibatches
     totals: dict[str, torch.Tensor] = {}
     applied = 0
     for _ in range(config.update_epochs):
         order = torch.randperm(size, generator=generator).to(batch["actions"].device)
-        for start in range(0, size - minibatch_size + 1, minibatch_size):
-            index = order[start : start + minibatch_size]
-            loss, metrics = ppo_loss(model, select(batch, index), config)
-            grad_norm = step(loss, {k: metrics[k] for k in ("pg_loss", "v_loss", "entropy")})
+        for i in range(config.num_minibatches):
+            index = order[i * minibatch_size : (i + 1) * minibatch_size]
+            loss, metrics = loss_fn(select(batch, index))
+            grad_norm = step(loss, {k: metrics[k] for k in loss_terms})
             if grad_norm is None:
                 continue
             metrics["grad_norm"] = grad_norm
             applied += 1
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value.detach()
-        if config.target_kl is not None and applied and totals["approx_kl"] / applied > config.target_kl:
+        target_kl = getattr(config, "target_kl", None)
+        if target_kl is not None and applied and totals["approx_kl"] / applied > target_kl:
             break
-    return {name: value / applied for name, value in totals.items()}
+    return {name: value / max(applied, 1) for name, value in totals.items()}
 
 
 def select(batch: dict, index: torch.Tensor) -> dict:

@@ -1,0 +1,58 @@
+"""``LearnerGroup``: R learner ranks (data-parallel) that the coordinator calls as one learner.
+
+    group = LearnerGroup(backend, ranks=2, ...)          # ranks join one torch.distributed group
+    metrics = group.update(chunk_refs)                     # rank r takes chunks r, r+R, r+2R, ...
+    weights = group.get_weights()                          # rank 0's weights, an object ref
+
+Each rank reads only its own subset of the shards' chunks, so data ingress grows with the ranks;
+gradients and metrics are all-reduced inside the ranks. Steps that can fail on one rank only
+(snapshot export, checkpoint loading) end with an agreement: every rank raises the same error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raysim.actors import Backend
+from raysim.learner import Learner
+
+
+class LearnerGroup:
+    """One or more ``Learner`` ranks behind the interface of a single learner."""
+
+    def __init__(self, backend: Backend, ranks: int, *args: Any, options: dict | None = None, **kwargs: Any):
+        if ranks < 1:
+            raise ValueError(f"learner.ranks must be >= 1, got {ranks}")
+        if ranks > 1 and backend.name == "local":
+            raise ValueError("learner.ranks > 1 needs the Ray backend (each rank is its own process)")
+        self.backend = backend
+        self.handles = [
+            backend.create(Learner, *args, rank=r, world_size=ranks, options=options, **kwargs) for r in range(ranks)
+        ]
+        if ranks > 1:
+            host, port = backend.get(self.handles[0].call("master_address"))
+            backend.get([h.call("join", host, port) for h in self.handles])
+
+    @property
+    def ranks(self) -> int:
+        return len(self.handles)
+
+    def update(self, chunks: list[Any]) -> dict[str, float]:
+        """One update on all ranks; rank ``r`` takes ``chunks[r::R]``. Metrics are already reduced."""
+        calls = [h.call("update", *chunks[r :: self.ranks]) for r, h in enumerate(self.handles)]
+        return self.backend.get(calls)[0]
+
+    def get_weights(self) -> Any:
+        """Rank 0's versioned actor weights (a future / object ref; every rank holds the same)."""
+        return self.handles[0].call("get_weights")
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.backend.get(self.handles[0].call("state_dict"))
+
+    def load(self, checkpoint: str) -> None:
+        """Every rank loads the checkpoint; a failure on any rank is raised by all."""
+        self.backend.get([h.call("load", checkpoint) for h in self.handles])
+
+    def export_env(self, env: dict[str, Any], resources: str) -> dict[str, Any]:
+        """The env config with its task resources exported into ``resources`` (rank 0 writes)."""
+        return self.backend.get([h.call("export_env", env, resources) for h in self.handles])[0]
