@@ -1,0 +1,36 @@
+"""Smoke test of the collection benchmark (``raysim bench collect --quick --no-ray``)."""
+
+import re
+
+import pytest
+import torch
+
+from raysim.bench.collect import main
+
+
+def test_quick_run_prints_the_table(capsys):
+    threads = torch.get_num_threads()
+    rng = torch.random.get_rng_state()
+    assert main(["--quick", "--no-ray"]) == 0
+    out = capsys.readouterr().out
+
+    assert "# raysim collection benchmark" in out
+    assert f"torch {torch.__version__}" in out
+    for row in ("raysim in-process", "Gymnasium SyncVectorEnv", "Gymnasium CartPoleVectorEnv"):
+        for n in (1, 64):
+            # a Markdown row: name, N, a positive median in ms, min-max, ...
+            match = re.search(rf"^\| {re.escape(row)} +\| {n} +\| ([0-9.]+) +\| [0-9.]+-[0-9.]+ +\|", out, re.M)
+            assert match, f"no table row for {row} at N={n}:\n{out}"
+            assert float(match.group(1)) > 0
+    assert "raysim Ray actor" not in out
+    assert "Compute floor" in out and "Peak resident memory" in out
+    # the sync baseline is its own reference
+    assert re.search(r"^\| Gymnasium SyncVectorEnv +\| 1 +\|.*\| 1\.00x +\|", out, re.M)
+    # the benchmark leaves the process as it found it
+    assert torch.get_num_threads() == threads
+    assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+def test_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        main(["--envs", "0", "--no-ray"])
