@@ -1,0 +1,150 @@
+"""Resume: snapshots, one identity, relocation, exact continuation, learner ranks that agree on errors."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import raysim
+from raysim.checkpoint import load_checkpoint, load_latest
+from raysim.composition import env_identity
+from raysim.config import ConfigError
+from raysim.envs import make
+from raysim.rollout.shard import EnvShard
+
+TINY = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=2",
+        "train.total_steps=1024", "eval.episodes=4", "eval.num_envs=2", "train.log_every=1"]
+
+
+def write_declaration(folder: Path) -> Path:
+    """A run config whose env is declared through a component file (with a generated resource)."""
+    (folder / "envs").mkdir(parents=True)
+    (folder / "envs" / "cartpole.yaml").write_text(
+        "id: raysim/CartPole\nkwargs:\n  initial_states: {generate: 16, seed: 3}\nmetadata:\n  robot: cart and pole\n"
+    )
+    (folder / "train.yaml").write_text("name: declared\nenv:\n  component: envs/cartpole.yaml\n  num_envs: 4\n")
+    return folder / "train.yaml"
+
+
+def metrics(run_dir: str | Path) -> list[dict]:
+    rows = pq.read_table(Path(run_dir) / "metrics.parquet").to_pylist()
+    return [{k: v for k, v in row.items() if k not in ("time", "steps_per_s")} for row in rows]
+
+
+def final_weights(run_dir: str | Path) -> dict:
+    _, state, _ = load_latest(run_dir)
+    return state["model"]
+
+
+def test_raw_and_expanded_env_declarations_have_the_same_identity():
+    raw = {"id": "raysim/CartPole", "kwargs": {}}
+    expanded = {"id": "raysim/CartPole", "kwargs": {"max_episode_steps": 500, "initial_states": None}, "num_envs": 7}
+    assert env_identity(raw)[0] == env_identity(expanded)[0]
+    assert env_identity(raw)[0] != env_identity({"id": "raysim/CartPole", "kwargs": {"max_episode_steps": 400}})[0]
+    generated = {"id": "raysim/CartPole", "kwargs": {"initial_states": {"generate": 8, "seed": 1}}}
+    array = make("raysim/CartPole", 1, initial_states={"generate": 8, "seed": 1}).initial_states.numpy()
+    assert env_identity(generated)[0] == env_identity({"id": "raysim/CartPole", "kwargs": {"initial_states": array}})[0]
+
+
+def test_a_component_declared_run_resumes_from_its_snapshot_its_declaration_and_after_a_move(tmp_path):
+    declaration = write_declaration(tmp_path / "src")
+    run_dir = tmp_path / "run"
+    first = raysim.Trainer(raysim.load_config(declaration, [*TINY, "train.stop_after=2", f"run_dir={run_dir}"])).train()
+    assert first.interrupted and first.iterations == 2
+    gym = (run_dir / "configs" / "gym.yaml").read_text()
+    assert "../resources/initial_states.npy" in gym and "robot: cart and pole" in gym
+    assert (run_dir / "resources" / "initial_states.npy").is_file()
+
+    once_more = ["train.stop_after=1"]
+    assert raysim.Trainer.from_run_dir(run_dir, overrides=once_more).train().iterations == 3
+    assert raysim.Trainer.from_run_dir(run_dir, declaration, [*TINY, *once_more]).train().iterations == 4
+    assert raysim.Trainer.from_run_dir(run_dir, run_dir / "configs" / "gym.yaml", once_more).train().iterations == 5
+
+    moved = tmp_path / "elsewhere" / "run"
+    moved.parent.mkdir()
+    shutil.move(run_dir, moved)
+    shutil.rmtree(tmp_path / "src")  # the original declaration is gone too: the snapshot must suffice
+    trainer = raysim.Trainer.from_run_dir(moved)
+    assert trainer.config.env.kwargs["initial_states"] == {"file": str(moved / "resources" / "initial_states.npy")}
+    assert trainer.config.env.metadata == {"robot": "cart and pole"}
+    summary = trainer.train()
+    assert summary.iterations == 8 and not summary.interrupted and summary.evaluation.completed == 4
+    assert [r["iteration"] for r in metrics(moved)] == list(range(1, 9))
+
+
+def test_a_real_env_difference_is_refused_with_every_key_named_and_force_is_loud(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    raysim.Trainer(raysim.load_config(None, [*TINY, "train.stop_after=1", f"run_dir={run_dir}"])).train()
+    with pytest.raises(ConfigError) as error:
+        raysim.Trainer.from_run_dir(run_dir, overrides=["env.kwargs.max_episode_steps=200"])
+    assert "kwargs.max_episode_steps: checkpoint has 500, this config has 200" in str(error.value)
+    raysim.Trainer.from_run_dir(run_dir, overrides=["env.kwargs.max_episode_steps=200"], force=True)
+    assert "WARNING" in capsys.readouterr().out
+
+
+def test_train_2k_equals_train_k_stop_resume_train_k_bitwise(tmp_path):
+    overrides = [*TINY, "train.total_steps=2048"]  # 16 iterations
+    straight = raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()
+    raysim.Trainer(raysim.load_config(None, [*overrides, "train.stop_after=8", f"run_dir={tmp_path / 'b'}"])).train()
+    resumed = raysim.Trainer.from_run_dir(tmp_path / "b").train()
+    assert straight.iterations == resumed.iterations == 16
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    assert straight.evaluation.records == resumed.evaluation.records
+
+
+def test_the_callers_config_is_unchanged_after_building_several_envs_from_it():
+    kwargs = {"initial_states": {"generate": 8, "seed": 1}, "max_episode_steps": 100}
+    before = copy.deepcopy(kwargs)
+    envs = [make("raysim/CartPole", 2, seed=i, **kwargs) for i in range(3)]
+    shards = [EnvShard("raysim/CartPole", 2, seed=i, env_kwargs=kwargs) for i in range(2)]
+    assert kwargs == before
+    assert all(torch.equal(e.initial_states, envs[0].initial_states) for e in envs)
+    assert shards[0].env.initial_states is not shards[1].env.initial_states
+
+
+def test_two_learner_ranks_agree_on_an_export_error_then_train_save_and_resume(ray_session, tmp_path):
+    from raysim.actors import RayBackend
+    from raysim.algos.models import ModelConfig
+    from raysim.algos.ppo import PPOConfig
+    from raysim.checkpoint import save_checkpoint
+    from raysim.learner_group import LearnerGroup
+
+    shard = EnvShard("raysim/CartPole", 4, seed=0)
+    spaces = shard.spaces()[:2]
+    algo = PPOConfig(num_steps=16, num_minibatches=2, update_epochs=1)
+    backend = RayBackend()
+    group = LearnerGroup(backend, 2, *spaces, ModelConfig(), algo, 10, seed=0, options={"num_cpus": 1})
+
+    blocked = tmp_path / "resources"
+    blocked.write_text("a file where rank 0 must create a folder")
+    env = {"id": "raysim/CartPole", "kwargs": {"initial_states": {"generate": 4, "seed": 0}}}
+    errors = []
+    calls = [handle.call("export_env", env, str(blocked)) for handle in group.handles]
+    for call in calls:  # each rank's own outcome
+        with pytest.raises(Exception) as caught:
+            ray_session.get(call, timeout=120)
+        errors.append(str(caught.value).strip().splitlines()[-1])
+    assert errors[0] == errors[1]
+    assert "failed on rank 0: FileExistsError" in errors[0] and "rank 1" not in errors[0]
+
+    blocked.unlink()
+    assert group.export_env(env, str(blocked))["kwargs"]["initial_states"]["file"].endswith("initial_states.npy")
+    weights = ray_session.get(group.get_weights())
+    chunks = [shard.rollout(weights, 16) for _ in range(2)]
+    metrics = group.update([ray_session.put(c) for c in chunks])
+    assert metrics["policy_version"] == 1 and metrics["env_steps"] == 128
+    path = save_checkpoint(tmp_path / "run", 1, group.state_dict(), {"env_steps": 128})
+    group.load(str(path))
+    group.update([ray_session.put(shard.rollout(ray_session.get(group.get_weights()), 16)) for _ in range(2)])
+    w0, w1 = (ray_session.get(h.call("get_weights")) for h in group.handles)
+    assert w0["version"] == w1["version"] == 2
+    assert all(torch.equal(w0["actor"][k], w1["actor"][k]) for k in w0["actor"])
+    state, _ = load_checkpoint(path)
+    assert state["version"] == 1
