@@ -75,6 +75,7 @@ class LearnerConfig:
     num_gpus: float = 0.0  # per rank
     num_cpus: float = 1.0  # per rank
     ranks: int = 1  # data-parallel learner ranks (torch.distributed: gloo on CPU, NCCL on GPU)
+    resources: dict = field(default_factory=dict)  # custom Ray resources per rank (e.g. {learner: 1})
 
 
 @dataclass
@@ -84,6 +85,7 @@ class TrainConfig:
     total_steps: int = 100_000  # env steps, summed over shards
     log_every: int = 1  # iterations between progress lines
     stop_after: int | None = None  # stop this process after this many iterations (resume continues)
+    sinks: list[str] = field(default_factory=lambda: ["console", "parquet", "tensorboard"])  # metrics sinks
 
 
 @dataclass
@@ -188,6 +190,11 @@ def load_resume_config(run_dir: Path, path: str | Path | None, overrides: list[s
 
 def check_config(config: Config, where: str = "config") -> None:
     """Checks across sections: GRPO's group size against the rows per shard; learner ranks."""
+    from raysim.metrics import SINKS
+
+    unknown = [s for s in config.train.sinks if s not in SINKS]
+    if unknown:
+        raise ConfigError(f"{where}: train.sinks: unknown sink(s) {unknown}; valid: {list(SINKS)}")
     ranks = config.learner.ranks
     if not isinstance(ranks, int) or ranks < 1 or config.shards.count % ranks:
         raise ConfigError(f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}")

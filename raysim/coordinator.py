@@ -26,7 +26,7 @@ from raysim.composition import differences, env_identity
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.learner_group import LearnerGroup
-from raysim.metrics import ConsoleSink, ParquetSink
+from raysim.metrics import SinkSet, make_sinks
 from raysim.rollout.shard import EnvShard
 from raysim.seeding import derive_seed
 
@@ -40,7 +40,7 @@ class Summary:
     wall_time: float  # seconds of training, Ray start-up, actor creation and evaluation excluded
     startup_time: float  # seconds to start Ray (if needed) and create the actors
     run_dir: str
-    metrics: dict[str, float] = field(default_factory=dict)  # the last iteration's
+    metrics: dict[str, float] = field(default_factory=dict)  # the last log step's record
     evaluation: EvalReport | None = None
     interrupted: bool = False  # Ctrl-C, or train.stop_after reached: resume continues
     steps_this_run: int = 0  # env steps collected by this process (a resumed run counts from its checkpoint)
@@ -107,6 +107,7 @@ class Trainer:
         """Run to ``train.total_steps`` env steps (Ctrl-C stops cleanly), checkpoint, evaluate."""
         cfg = self.config
         t0 = time.perf_counter()
+        sinks = None
         backend, started_ray = start_backend(cfg, self.address)
         try:
             iterations = max(1, math.ceil(cfg.train.total_steps / steps_per_iteration(cfg)))
@@ -117,38 +118,65 @@ class Trainer:
                 self._snapshot(roles)
                 iteration, env_steps = 0, 0
             startup = time.perf_counter() - t0
-            sinks = self.sinks if self.sinks is not None else [
-                ConsoleSink(cfg.train.total_steps), ParquetSink(self.run_dir / "metrics.parquet", keep_until=iteration)]
+            if self.sinks is not None:
+                sinks = SinkSet(self.sinks)
+            else:
+                sinks = make_sinks(cfg.train.sinks, self.run_dir, cfg.train.total_steps, keep_until=iteration,
+                                   env_steps=env_steps if self.resume else 0)
             last = iterations if cfg.train.stop_after is None else min(iterations, iteration + cfg.train.stop_after)
             weights = roles.learner.get_weights()
             metrics, interrupted, eval_time, eval_return, first_steps = {}, False, 0.0, None, env_steps
+            pending: dict[str, float] = {}  # evaluation metrics waiting for the next log step
+            times, timed = dict.fromkeys(TIMES, 0.0), 0  # seconds per phase since the last log step
             start = time.perf_counter()
             try:
                 while iteration < last:
                     iteration += 1
+                    log = iteration % cfg.train.log_every == 0 or iteration == last
+                    t_start = time.perf_counter()
                     if cfg.algo.name == "grpo":  # one episode per row, groups from shared starts
                         chunks = [s.call("rollout_groups", weights, cfg.algo.num_steps, cfg.algo.group_size)
                                   for s in roles.shards]
                     else:
                         chunks = [s.call("rollout", weights, cfg.algo.num_steps) for s in roles.shards]
-                    metrics = roles.learner.update(chunks)
+                    t_submitted = time.perf_counter()  # local: the rollouts ran; Ray: only submitted
+                    calls = roles.learner.start_update(chunks, log)  # Ray: the learner resolves the chunk refs
+                    t_updating = time.perf_counter()  # local: the update ran
+                    backend.wait(chunks)  # Ray: until collected, without fetching the chunks here
+                    t_collected = time.perf_counter()
+                    result = roles.learner.finish_update(calls)
                     weights = roles.learner.get_weights()
-                    env_steps += int(metrics["env_steps"])
+                    t_updated = time.perf_counter()
+                    times["time_collect"] += (t_submitted - t_start) + (t_collected - t_updating)
+                    times["time_update"] += (t_updating - t_submitted) + (t_updated - t_collected)
+                    timed += 1
+                    env_steps += int(result["env_steps"])
                     if cfg.algo.name == "grpo" and env_steps >= cfg.train.total_steps:
                         iterations = last = iteration  # GRPO rounds vary in length: stop on the step budget
+                        if not log:
+                            log = True
+                            result.update(roles.learner.metrics())
                     if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration < iterations:
                         e0 = time.perf_counter()
-                        eval_return = self._evaluate(backend, roles, weights, iteration).mean_return
-                        metrics["eval_return"] = math.nan if eval_return is None else eval_return
+                        evaluation = self._evaluate(backend, roles, weights, iteration)
+                        eval_return = evaluation.mean_return
+                        pending = eval_metrics(evaluation)
+                        times["time_eval"] += time.perf_counter() - e0
                         eval_time += time.perf_counter() - e0
-                    if iteration % cfg.train.log_every == 0 or iteration == last:
+                    if log:
                         elapsed = time.perf_counter() - start - eval_time
+                        metrics = {k: v for k, v in result.items() if k != "env_steps"}
+                        metrics.update(pending)
+                        metrics.update({k: v / max(1, timed) for k, v in times.items()})
                         record = {**metrics, "iteration": iteration, "env_steps": env_steps, "time": elapsed,
                                   "steps_per_s": (env_steps - first_steps) / max(elapsed, 1e-9)}
-                        for sink in sinks:
-                            sink.write(record)
+                        sinks.write(record)
+                        metrics = record
+                        pending, times, timed = {}, dict.fromkeys(TIMES, 0.0), 0
                     if cfg.checkpoint.every and iteration % cfg.checkpoint.every == 0 and iteration < last:
+                        c0 = time.perf_counter()
                         self._save(backend, roles, iteration, env_steps, eval_return)
+                        times["time_checkpoint"] += time.perf_counter() - c0
             except KeyboardInterrupt:
                 interrupted = True
                 print(f"\ninterrupted at iteration {iteration}: saving and stopping", flush=True)
@@ -158,11 +186,12 @@ class Trainer:
             if report is not None:
                 eval_return = report.mean_return
             self._save(backend, roles, iteration, env_steps, eval_return)
-            for sink in sinks:
-                sink.close()
+            sinks.close()
             return Summary(env_steps, iteration, wall, startup, str(self.run_dir), metrics, report, not finished,
                            env_steps - first_steps)
         finally:
+            if sinks is not None:  # also when training failed: the console line ends, files are closed
+                sinks.close()
             if started_ray:
                 import ray
 
@@ -177,7 +206,8 @@ class Trainer:
         learner = LearnerGroup(
             backend, cfg.learner.ranks, observation_spaces, action_space, cfg.model, cfg.algo, iterations,
             seed=cfg.seed, device=cfg.learner.device,
-            options={"num_cpus": cfg.learner.num_cpus, "num_gpus": cfg.learner.num_gpus},
+            options={"num_cpus": cfg.learner.num_cpus, "num_gpus": cfg.learner.num_gpus,
+                     "resources": dict(cfg.learner.resources)},
         )
         return Roles(shards, eval_shards, learner, max_episode_steps)
 
@@ -219,6 +249,18 @@ class Trainer:
         )
         write_records(self.run_dir / "eval" / f"{iteration}.parquet", report.records)
         return report
+
+
+TIMES = ("time_collect", "time_update", "time_eval", "time_checkpoint")  # seconds per iteration, by phase
+
+
+def eval_metrics(report: EvalReport) -> dict[str, float]:
+    """The metrics of an evaluation during training: mean return, and the success rate where defined."""
+    metrics = {"eval_return": math.nan if report.mean_return is None else report.mean_return}
+    rate = report.success_rate
+    if rate is not None and rate.value is not None:
+        metrics["eval_success_rate"] = rate.value
+    return metrics
 
 
 def start_backend(config: Config, address: str | None = None) -> tuple[Backend, bool]:

@@ -1,0 +1,124 @@
+"""From a laptop to a cluster: launcher configs that Ray validates, and a real `ray job submit`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import raysim
+from raysim.config import PACKAGED_CONFIGS
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "cluster"
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@pytest.mark.parametrize("name", ["aws.yaml", "onprem.yaml"])
+def test_the_cluster_launcher_configs_pass_rays_own_validation(name):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = prepare_config(yaml.safe_load((CLUSTER / name).read_text()))
+    validate_config(config)
+    assert config["head_node_type"] in config["available_node_types"]
+
+
+def fits(request: dict, node_types: dict) -> list[str]:
+    """The node types whose resources can hold ``request``."""
+    return [name for name, node in node_types.items()
+            if all(node.get("resources", {}).get(k, 0) >= v for k, v in request.items() if v)]
+
+
+def test_the_cluster_run_configs_ask_for_resources_that_the_worker_types_offer():
+    node_types = yaml.safe_load((CLUSTER / "aws.yaml").read_text())["available_node_types"]
+    onprem = yaml.safe_load((CLUSTER / "onprem.yaml").read_text())["available_node_types"]
+    configs = sorted(PACKAGED_CONFIGS.glob("*_cluster.yaml"))
+    assert configs
+    for file in configs:
+        config = raysim.load_config(file)
+        shard = {"CPU": config.shards.num_cpus, **config.shards.resources}
+        learner = {"CPU": config.learner.num_cpus, "GPU": config.learner.num_gpus, **config.learner.resources}
+        assert fits(shard, node_types) == ["shard_cpu"], file
+        assert fits(learner, node_types) == ["learner_gpu"], file
+        assert fits(shard, onprem) and fits({**learner, "GPU": 0}, onprem), file
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop_head(temp_dir: str) -> None:
+    """Stop only this test's Ray processes (``ray stop`` would stop every Ray on the machine)."""
+    for attempt in range(2):
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if temp_dir in cmdline and int(proc.name) != os.getpid():
+                try:
+                    os.kill(int(proc.name), signal.SIGTERM if attempt == 0 else signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        time.sleep(2)
+
+
+def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path):
+    temp_dir = tempfile.mkdtemp(prefix="rsj", dir="/tmp")
+    dashboard = free_port()
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    environ["RAY_AUTH_MODE"] = "token"  # `ray start --head` enables token authentication (Ray 2.60)
+    environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environ.get("PATH", "")])  # the job runs `raysim`
+    start = [RAY, "start", "--head", "--port", str(free_port()), "--dashboard-host", "127.0.0.1",
+             "--dashboard-port", str(dashboard), "--num-cpus", "4", "--temp-dir", temp_dir, "--disable-usage-stats"]
+    try:
+        subprocess.run(start, check=True, capture_output=True, text=True, env=environ, timeout=120)
+        work = tmp_path / "job"
+        work.mkdir()
+        (work / "small.yaml").write_text(
+            "include: cartpole_ppo.yaml\nname: job\nshards: {count: 2}\nenv: {num_envs: 4}\n"
+            "algo: {num_steps: 32, num_minibatches: 2}\ntrain: {total_steps: 1024, log_every: 2}\n"
+            "eval: {episodes: 4, num_envs: 2}\n"
+        )
+        # configs/cartpole_ppo.yaml is packaged: the include finds it next to small.yaml only if copied
+        (work / "cartpole_ppo.yaml").write_text((PACKAGED_CONFIGS / "cartpole_ppo.yaml").read_text())
+        run_dir = tmp_path / "run"
+        environ["RAY_ADDRESS"] = f"http://127.0.0.1:{dashboard}"
+        job_id = f"raysim-test-{os.getpid()}"
+        submit = [RAY, "job", "submit", "--no-wait", "--submission-id", job_id, "--working-dir", str(work), "--",
+                  "raysim", "train", "small.yaml", "--run-dir", str(run_dir)]
+        deadline = time.monotonic() + 90
+        while True:  # the job server can take a few seconds after `ray start` to answer
+            result = subprocess.run(submit, capture_output=True, text=True, env=environ, timeout=120)
+            if result.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        assert result.returncode == 0, result.stdout + result.stderr
+        status = ""
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            status = subprocess.run([RAY, "job", "status", job_id], capture_output=True, text=True, env=environ).stdout
+            if any(word in status.lower() for word in ("succeeded", "failed", "stopped")):
+                break
+            time.sleep(2)
+        logs = subprocess.run([RAY, "job", "logs", job_id], capture_output=True, text=True, env=environ).stdout
+        assert "succeeded" in status.lower(), status + logs
+        assert "iter    2 | steps" in logs and "done: 1,024 env steps" in logs
+        progress = [line for line in logs.split("\n") if "| steps" in line]
+        assert progress and all("\r" not in line and "\x1b" not in line for line in progress)  # plain lines
+        assert (run_dir / "configs" / "train.yaml").is_file() and (run_dir / "metrics.parquet").is_file()
+        assert any((run_dir / "checkpoints").iterdir())
+    finally:
+        stop_head(temp_dir)
