@@ -2,9 +2,11 @@
 
 from raysim.envs.cartpole import CartPole
 from raysim.envs.contract import BatchedEnv, Obs, Step
+from raysim.envs.reach import Reach
 from raysim.envs.registry import make, register, registered
 from raysim.envs.torch_env import TorchEnv
 
 register("raysim/CartPole", CartPole)
+register("raysim/Reach", Reach)
 
-__all__ = ["BatchedEnv", "CartPole", "Obs", "Step", "TorchEnv", "make", "register", "registered"]
+__all__ = ["BatchedEnv", "CartPole", "Obs", "Reach", "Step", "TorchEnv", "make", "register", "registered"]
