@@ -61,8 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--local", action="store_true", help="run in this process, without Ray")
     evaluate.add_argument("--address", help="Ray cluster to attach to")
 
+    plot = commands.add_parser(
+        "plot", help="plot a run's learning curves",
+        description="Draw RUN_DIR's learning curve (episode return vs env steps), its losses, the evaluation "
+                    "success rate with its Wilson band (when evaluations with a success exist; else the time "
+                    "per iteration by phase) into one PNG.")
+    plot.add_argument("run_dir", metavar="RUN_DIR")
+    plot.add_argument("--out", metavar="FILE.png", help="where to write the PNG (default: RUN_DIR/plots.png)")
+
+    export = commands.add_parser(
+        "export", help="export a trained policy (TorchScript / ONNX)",
+        description="Write the deterministic policy of a run's newest checkpoint (or a checkpoint directory) as a "
+                    "standalone file: a policy observation batch [B, obs_dim] (float32) -> the action batch "
+                    "(discrete: int64 argmax; continuous: the mean clipped or squashed into the action space), "
+                    "observation normalization baked in. Loading it needs torch or an ONNX runtime, not raysim.")
+    export.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
+    export.add_argument("--format", choices=["torchscript", "onnx"], default="torchscript",
+                        help="torchscript (torch.jit.load) or onnx (needs: pip install 'raysim[export]')")
+    export.add_argument("--out", required=True, metavar="FILE", help="where to write the policy (.pt / .onnx)")
+
     bench = commands.add_parser("bench", help="benchmarks", description="Run a benchmark (see README).")
-    bench.add_argument("name", choices=["collect"], help="collect: rollout collection latency against peers")
+    bench.add_argument("name", choices=["collect", "solve"],
+                       help="collect: rollout collection latency against peers; solve: PPO time to solve CartPole")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     return parser
 
@@ -76,7 +96,28 @@ def main(argv: list[str] | None = None) -> int:
             return resume(args)
         if args.command == "eval":
             return evaluate(args)
+        if args.command == "plot":
+            from raysim.plot import plot_run
+
+            print(f"plot: {plot_run(args.run_dir, args.out)}")
+            return 0
+        if args.command == "export":
+            from raysim.export import ExportError, export_policy
+
+            try:
+                info = export_policy(args.path, args.out, args.format)
+            except ExportError as error:
+                print(f"raysim: error: {error}", file=sys.stderr)
+                return 2
+            print(f"export: {info['out']} ({info['format']}, {info['env_id']}, checkpoint {info['checkpoint']}, "
+                  f"obs {info['observation_shape']} -> {info['action_space']}"
+                  f"{', normalization baked in' if info['normalized'] else ''})")
+            return 0
         if args.command == "bench":
+            if args.name == "solve":
+                from raysim.bench.solve import main as solve
+
+                return solve(args.args)
             from raysim.bench.collect import main as collect
 
             return collect(args.args)

@@ -102,6 +102,8 @@ class EvalConfig:
 
     episodes: int = 100  # at the end of training (0: none)
     every: int = 0  # also every this many iterations (0: only at the end)
+    every_steps: int = 0  # also whenever another this many env steps were collected (0: off)
+    stop_return: float | None = None  # stop training at the first evaluation with this mean return or more
     shards: int = 1
     num_envs: int = 10  # rows per evaluation shard
     seed: int = 12345

@@ -126,6 +126,7 @@ class Trainer:
             last = iterations if cfg.train.stop_after is None else min(iterations, iteration + cfg.train.stop_after)
             weights = roles.learner.get_weights()
             metrics, interrupted, eval_time, eval_return, first_steps = {}, False, 0.0, None, env_steps
+            solved = None  # the evaluation that reached eval.stop_return, if one did
             pending: dict[str, float] = {}  # evaluation metrics waiting for the next log step
             times, timed = dict.fromkeys(TIMES, 0.0), 0  # seconds per phase since the last log step
             start = time.perf_counter()
@@ -150,19 +151,25 @@ class Trainer:
                     times["time_collect"] += (t_submitted - t_start) + (t_collected - t_updating)
                     times["time_update"] += (t_updating - t_submitted) + (t_updated - t_collected)
                     timed += 1
-                    env_steps += int(result["env_steps"])
+                    steps_before, env_steps = env_steps, env_steps + int(result["env_steps"])
                     if cfg.algo.name == "grpo" and env_steps >= cfg.train.total_steps:
                         iterations = last = iteration  # GRPO rounds vary in length: stop on the step budget
                         if not log:
                             log = True
                             result.update(roles.learner.metrics())
-                    if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration < iterations:
+                    if eval_due(cfg, iteration, steps_before, env_steps) and iteration < iterations:
                         e0 = time.perf_counter()
                         evaluation = self._evaluate(backend, roles, weights, iteration)
                         eval_return = evaluation.mean_return
                         pending = eval_metrics(evaluation)
                         times["time_eval"] += time.perf_counter() - e0
                         eval_time += time.perf_counter() - e0
+                        stop = cfg.eval.stop_return
+                        if stop is not None and eval_return is not None and eval_return >= stop:
+                            solved, iterations, last = evaluation, iteration, iteration  # target reached: end here
+                            if not log:
+                                log = True
+                                result.update(roles.learner.metrics())
                     if log:
                         elapsed = time.perf_counter() - start - eval_time
                         metrics = {k: v for k, v in result.items() if k != "env_steps"}
@@ -182,7 +189,7 @@ class Trainer:
                 print(f"\ninterrupted at iteration {iteration}: saving and stopping", flush=True)
             wall = time.perf_counter() - start - eval_time
             finished = iteration >= iterations and not interrupted
-            report = self._evaluate(backend, roles, weights, iteration) if finished and cfg.eval.episodes > 0 else None
+            report = solved or (self._evaluate(backend, roles, weights, iteration) if finished and cfg.eval.episodes > 0 else None)
             if report is not None:
                 eval_return = report.mean_return
             self._save(backend, roles, iteration, env_steps, eval_return)
@@ -200,7 +207,7 @@ class Trainer:
     def _create_roles(self, backend: Backend, iterations: int) -> Roles:
         cfg = self.config
         shards = [create_shard(backend, cfg, i) for i in range(cfg.shards.count)]
-        eval_count = cfg.eval.shards if (cfg.eval.episodes or cfg.eval.every) else 0
+        eval_count = cfg.eval.shards if (cfg.eval.episodes or cfg.eval.every or cfg.eval.every_steps) else 0
         eval_shards = [create_shard(backend, cfg, i, evaluation=True) for i in range(eval_count)]
         observation_spaces, action_space, max_episode_steps = backend.get(shards[0].call("spaces"))
         learner = LearnerGroup(
@@ -304,6 +311,15 @@ def eval_spec(config: Config, max_episode_steps: int | None) -> EvalSpec:
     per_row = math.ceil(cfg.episodes / rows) if cfg.balanced else cfg.episodes
     max_steps = cfg.max_steps or per_row * (max_episode_steps or 1000)
     return EvalSpec(cfg.episodes, cfg.seed, max_steps, cfg.deterministic, cfg.balanced, cfg.confidence)
+
+
+def eval_due(config: Config, iteration: int, steps_before: int, env_steps: int) -> bool:
+    """Whether an evaluation follows this iteration: every ``eval.every`` iterations, and/or each
+    time the env steps pass a multiple of ``eval.every_steps``."""
+    cfg = config.eval
+    by_iteration = bool(cfg.every) and iteration % cfg.every == 0
+    by_steps = bool(cfg.every_steps) and env_steps // cfg.every_steps > steps_before // cfg.every_steps
+    return by_iteration or by_steps
 
 
 def steps_per_iteration(config: Config) -> int:

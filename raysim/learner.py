@@ -13,6 +13,7 @@ leave it as one object ref that every shard reads.
 from __future__ import annotations
 
 import copy
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class Learner:
         self.generator = torch.Generator()
         self.generator.manual_seed(derive_seed(seed, 4, rank))
         self.version = 0
+        self.window = MetricWindow()  # metrics since the last log step, tensors on the device
 
     # -- a group of ranks (data-parallel) -----------------------------------------------------
 
@@ -174,32 +176,58 @@ class Learner:
             **({"reference": self.reference.state_dict()} if self.reference is not None else {}),
         }
 
-    def update(self, *chunks: RolloutChunk) -> dict[str, float]:
-        """One PPO or GRPO update on the chunks; returns the iteration's metrics as plain numbers.
+    def update(self, *chunks: RolloutChunk, log: bool = True) -> dict[str, float]:
+        """One PPO or GRPO update on the chunks; returns counters, and at a log step the metrics.
 
-        The metrics stay tensors until the end, where they are stacked, reduced across ranks with
-        one collective (means for the update's metrics, sums for the counts) and copied to the
-        host once.
+        Always returned (host data, no device copy): this rank's ``env_steps`` (the group sums
+        them), ``policy_version``, ``skipped_updates`` and ``lr``. The update's metrics and the
+        episode statistics stay tensors on the device, accumulated over the iterations since the
+        last log step; with ``log`` (or a later ``metrics()`` call) they are reduced across ranks
+        and copied to the host once (see ``metrics``).
         """
         batch = self.batch(chunks)
         if self.algo.name == "grpo":
             metrics = grpo_update(self.model.actor, self.step, batch, self.algo, self.generator, self.reference)
         else:
             metrics = ppo_update(self.model, self.step, batch, self.algo, self.generator)
-        metrics["lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
+        lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.version += 1
-        means = list(metrics)
-        counts = episode_sums(chunks)
-        vector = torch.stack([metrics[n].float().to(self.device) for n in means] + [v.to(self.device) for v in counts.values()])
+        self.window.add(metrics, episode_sums(chunks))
+        result = {"env_steps": sum(int(c.env_steps) for c in chunks), "policy_version": self.version,
+                  "skipped_updates": self.step.skipped, "lr": lr}
+        if log:
+            result.update(self.metrics())
+        return result
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics of the iterations since the last log step, reduced across ranks; resets them.
+
+        Every rank calls it (one collective: an all-gather of one stacked vector per rank); the
+        reduction (means of the update's metrics, sums of the episode counts, min / max of the
+        returns) happens on the device, and rank 0 copies the result to the host once
+        (``to_host``) and returns it; the other ranks return ``{}``.
+        """
+        names, vector = self.window.vector(self.device)
+        self.window = MetricWindow()
         if self.world_size > 1:
-            dist.all_reduce(vector)
-            vector[: len(means)] /= self.world_size
-        values = vector.tolist()
-        result = dict(zip(means, values))
-        result.update(episode_stats(dict(zip(counts, values[len(means) :]))))
-        result["skipped_updates"] = self.step.skipped
-        result["policy_version"] = self.version
+            parts = [torch.empty_like(vector) for _ in range(self.world_size)]
+            dist.all_gather(parts, vector)
+            gathered = torch.stack(parts)
+        else:
+            gathered = vector.unsqueeze(0)
+        if self.rank != 0:
+            return {}
+        reduced = torch.cat([
+            gathered[:, : len(names.means)].mean(0),
+            gathered[:, len(names.means) : len(names.means) + len(names.sums)].sum(0),
+            gathered[:, -2:-1].amin(0),
+            gathered[:, -1:].amax(0),
+        ])
+        values = to_host(reduced)
+        result = dict(zip(names.means, values))
+        sums = dict(zip(names.sums, values[len(names.means) :]))
+        result.update(episode_stats(sums, values[-2], values[-1]))
         return result
 
     def batch(self, chunks: tuple[RolloutChunk, ...]) -> dict:
@@ -248,30 +276,86 @@ def concat(parts: list[dict]) -> dict:
     }
 
 
+def to_host(vector: torch.Tensor) -> list[float]:
+    """The one device-to-host copy of a log step's reduced metrics (a test counts its calls)."""
+    return vector.tolist()
+
+
+class MetricNames:
+    def __init__(self, means: list[str], sums: list[str]):
+        self.means, self.sums = means, sums
+
+
+class MetricWindow:
+    """The update metrics and episode sums of the iterations since the last log step (tensors).
+
+    Adding an iteration's metrics only queues device additions: nothing is copied to the host
+    until ``Learner.metrics`` reduces the window.
+    """
+
+    SUMS = ("episodes", "return_sum", "length_sum", "success_sum")
+
+    def __init__(self):
+        self.totals: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.sums: dict[str, torch.Tensor] = {}
+        self.low = torch.tensor(math.inf)
+        self.high = torch.tensor(-math.inf)
+
+    def add(self, metrics: dict[str, torch.Tensor], sums: dict[str, torch.Tensor]) -> None:
+        for name, value in metrics.items():
+            value = value.detach().float()
+            self.totals[name] = self.totals[name] + value if name in self.totals else value
+            self.counts[name] = self.counts.get(name, 0) + 1
+        extremes = sums.pop("extremes")
+        for name, value in sums.items():
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+        self.low = torch.minimum(self.low, extremes[0])
+        self.high = torch.maximum(self.high, extremes[1])
+
+    def vector(self, device: torch.device) -> tuple[MetricNames, torch.Tensor]:
+        """``[means..., sums..., min return, max return]`` stacked on ``device``."""
+        means = sorted(self.totals)
+        zero = torch.tensor(0.0)
+        parts = [(self.totals[n] / self.counts[n]).to(device) for n in means]
+        parts += [self.sums.get(n, zero).to(device) for n in self.SUMS]
+        parts += [self.low.to(device), self.high.to(device)]
+        return MetricNames(means, list(self.SUMS)), torch.stack([p.reshape(()) for p in parts])
+
+
 def episode_sums(chunks: tuple[RolloutChunk, ...]) -> dict[str, torch.Tensor]:
-    """Sums over the episodes completed in these chunks, and the env steps (to reduce across ranks)."""
+    """Sums over the episodes completed in these chunks (to reduce across ranks).
+
+    ``extremes``: the lowest and highest episode return (+inf, -inf when none ended).
+    """
     columns = {
-        k: torch.cat([c.episodes[k].float() for c in chunks if k in c.episodes] or [torch.zeros(0)])
+        k: torch.cat([c.episodes[k].float().cpu() for c in chunks if k in c.episodes] or [torch.zeros(0)])
         for k in ("return", "length", "success")
     }
     count = columns["return"].numel()
     has_success = columns["success"].numel() == count  # also when no episode ended here
+    returns = columns["return"]
     return {
         "episodes": torch.tensor(float(count)),
-        "return_sum": columns["return"].sum(),
+        "return_sum": returns.sum(),
         "length_sum": columns["length"].sum(),
         "success_sum": columns["success"].sum() if has_success else torch.tensor(float("nan")),
-        "env_steps": torch.tensor(float(sum(c.env_steps for c in chunks))),
+        "extremes": torch.stack([returns.min(), returns.max()]) if count else torch.tensor([math.inf, -math.inf]),
     }
 
 
-def episode_stats(sums: dict[str, float]) -> dict[str, float]:
-    """Mean return, length (and success rate) from ``episode_sums`` (after the reduction)."""
+def episode_stats(sums: dict[str, float], low: float = math.nan, high: float = math.nan) -> dict[str, float]:
+    """Mean return, length (and success rate) from ``episode_sums`` (after the reduction).
+
+    ``episodes``: the episodes that ended since the last log step (over all ranks); their lowest
+    and highest return as ``episode_return_min`` / ``episode_return_max``.
+    """
     count = sums["episodes"]
-    stats = {"episodes": count, "env_steps": int(sums["env_steps"])}
+    stats = {"episodes": count}
     if count:
         stats["episode_return"] = sums["return_sum"] / count
         stats["episode_length"] = sums["length_sum"] / count
+        stats["episode_return_min"], stats["episode_return_max"] = low, high
         if sums["success_sum"] == sums["success_sum"]:  # not NaN: every episode reported success
             stats["success_rate"] = sums["success_sum"] / count
     return stats

@@ -83,6 +83,9 @@ def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path)
     environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environ.get("PATH", "")])  # the job runs `raysim`
     start = [RAY, "start", "--head", "--port", str(free_port()), "--dashboard-host", "127.0.0.1",
              "--dashboard-port", str(dashboard), "--num-cpus", "4", "--temp-dir", temp_dir, "--disable-usage-stats"]
+    for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+                 "--runtime-env-agent-port", "--ray-client-server-port"):  # no clash with another Ray on this machine
+        start += [flag, str(free_port())]
     try:
         subprocess.run(start, check=True, capture_output=True, text=True, env=environ, timeout=120)
         work = tmp_path / "job"
@@ -99,7 +102,7 @@ def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path)
         job_id = f"raysim-test-{os.getpid()}"
         submit = [RAY, "job", "submit", "--no-wait", "--submission-id", job_id, "--working-dir", str(work), "--",
                   "raysim", "train", "small.yaml", "--run-dir", str(run_dir)]
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180
         while True:  # the job server can take a few seconds after `ray start` to answer
             result = subprocess.run(submit, capture_output=True, text=True, env=environ, timeout=120)
             if result.returncode == 0 or time.monotonic() > deadline:

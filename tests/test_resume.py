@@ -33,7 +33,7 @@ def write_declaration(folder: Path) -> Path:
 
 def metrics(run_dir: str | Path) -> list[dict]:
     rows = pq.read_table(Path(run_dir) / "metrics.parquet").to_pylist()
-    return [{k: v for k, v in row.items() if k not in ("time", "steps_per_s")} for row in rows]
+    return [{k: v for k, v in row.items() if not k.startswith("time") and k != "steps_per_s"} for row in rows]
 
 
 def final_weights(run_dir: str | Path) -> dict:

@@ -17,7 +17,8 @@ from raysim.checkpoint import load_checkpoint
 from raysim.coordinator import Summary
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMING = {"time", "steps_per_s"}  # the only metrics that may differ between two identical runs
+TIMING = {"time", "steps_per_s", "time_collect", "time_update", "time_eval", "time_checkpoint"}  # the only
+# metrics that may differ between two identical runs
 
 TINY = [
     "env.num_envs=4",

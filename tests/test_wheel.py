@@ -19,10 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv holding only the raysim wheel; the dependencies come from this interpreter's site-packages."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # Without the source tree on PYTHONPATH (the ray_session fixture puts it there for Ray's workers):
+    # pip would find raysim already importable and install nothing.
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(ROOT)]
     if importlib.util.find_spec("setuptools") is not None:
         build.insert(4, "--no-build-isolation")
-    subprocess.run(build, check=True, cwd=tmp)
+    subprocess.run(build, check=True, cwd=tmp, env=environ)
     wheels = list((tmp / "dist").glob("raysim-*.whl"))
     assert len(wheels) == 1, wheels
     env_dir = tmp / "venv"
@@ -33,7 +36,7 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Dependencies: this interpreter's site-packages, after the venv's own (a path line, no .pth processing).
     Path(site, "outer_site.pth").write_text(sysconfig.get_path("purelib") + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheels[0])],
-                   check=True, cwd=tmp)
+                   check=True, cwd=tmp, env=environ)
     return env_dir
 
 

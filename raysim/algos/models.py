@@ -18,7 +18,22 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+
+
+class Tanh(nn.Module):
+    """tanh computed as ``2 * sigmoid(2x) - 1``: the same function to float32 rounding (absolute
+    error ~1e-7), about 5x cheaper than ``torch.tanh`` on CPU builds where tanh is not vectorized
+    (2.9 vs 0.55 ns per element measured here; tanh was the largest cost of collection at 1024 rows).
+
+    The scalings by 2 are exact in floating point, so the fused inference path
+    (``raysim.algos.fast``) computes bitwise the same values as this forward.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(2 * x) * 2 - 1
+
+
+ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
 @dataclass
@@ -83,8 +98,8 @@ class Actor(nn.Module):
         out = self(obs)
         if self.discrete:
             log_probs = out.log_softmax(-1)
-            action = torch.multinomial(log_probs.exp(), 1, generator=generator)
-            return action.squeeze(1), log_probs.gather(1, action).squeeze(1)
+            action = sample_categorical(log_probs.exp(), generator)
+            return action, log_probs.gather(1, action.unsqueeze(1)).squeeze(1)
         noise = torch.randn(out.shape, generator=generator, dtype=out.dtype, device=out.device)
         action = out + noise * self.log_std.exp()
         logp = -0.5 * noise.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
@@ -112,6 +127,21 @@ class Actor(nn.Module):
         if self.squash:
             return self.action_low + (torch.tanh(action) + 1) * 0.5 * (self.action_high - self.action_low)
         return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None,
+                       noise: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One action per row [B] from ``probs`` [B, K]: ``argmax(probs / q)`` with ``q ~ Exp(1)``.
+
+    This is exactly what ``torch.multinomial(probs, 1)`` computes on the CPU (its one-sample
+    path: the same exponential draws from the generator, the same division and argmax), so the
+    actions are bitwise those of ``multinomial``, without its argument checks (~5x cheaper for
+    small batches). ``noise`` [B, K] and ``out`` [B] int64 are optional preallocated buffers.
+    """
+    q = torch.empty_like(probs) if noise is None else noise
+    q.exponential_(1, generator=generator)
+    torch.div(probs, q, out=q)
+    return torch.argmax(q, -1, out=out) if out is not None else q.argmax(-1)
 
 
 class Critic(nn.Module):

@@ -19,7 +19,8 @@ The rows run alternately within each round (the order rotates every round), so d
 noise hits them all alike; the first ``--warmups`` rounds are discarded and the median (and
 min / max) of the ``--samples`` rounds is reported. The compute floor is the matrix work no
 collector can avoid: T actor forwards on [N, obs] and one critic forward on all (T+1)*N
-observations, same torch, same thread, no autograd.
+observations, same torch, same thread, no autograd, through the cheapest forward available
+(``MLPInference``, blocked critic values), with raysim's networks.
 
 Run ``raysim bench collect`` (or ``python benchmarks/collect.py`` in a checkout); ``--quick`` is a
 few-second smoke run. The output is Markdown.
@@ -53,6 +54,9 @@ FLOOR = "compute floor"
 ROWS = (INPROC, RAY, SYNC, NATIVE, ENVPOOL)
 
 DEFAULT_ENVS = [1, 64, 1024]
+#: Ray starts its workers with niceness 15: on a busy machine they then lose the CPU to every
+#: other process, the in-process rows (niceness 0) included. Side by side, all run at 0.
+SIDE_BY_SIDE = {"worker_niceness": 0}
 QUICK = {"envs": [1, 64], "warmups": 1, "samples": 3}
 
 
@@ -111,7 +115,7 @@ def _ray_row(n: int, steps: int, seed: int, model, chunk_values) -> Row:
     from raysim.rollout.shard import EnvShard
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", _system_config=SIDE_BY_SIDE)
     shard = ray.remote(EnvShard).options(num_cpus=1).remote(ENV_ID, n, seed=seed)
     ray.get(shard.spaces.remote())  # wait until the actor is up
 
@@ -127,9 +131,12 @@ def _ray_row(n: int, steps: int, seed: int, model, chunk_values) -> Row:
 class CleanRLLoop:
     """CleanRL ``ppo.py``'s rollout loop over a vector env with a Gymnasium-style API."""
 
-    def __init__(self, envs, num_envs: int, model, steps: int, seed: int):
+    def __init__(self, envs, num_envs: int, model, steps: int, seed: int, net: str = "cleanrl"):
         self.envs, self.steps = envs, steps
-        self.actor, self.critic = model.actor.net, model.critic.net
+        if net == "cleanrl":  # CleanRL's own networks (nn.Tanh), with raysim's weights
+            self.actor, self.critic = cleanrl_net(model.actor.net), cleanrl_net(model.critic.net)
+        else:  # raysim's modules themselves (its Tanh is 2*sigmoid(2x)-1)
+            self.actor, self.critic = model.actor.net, model.critic.net
         obs_shape = envs.single_observation_space.shape
         self.obs = torch.zeros((steps, num_envs, *obs_shape))
         self.actions = torch.zeros((steps, num_envs))
@@ -167,24 +174,37 @@ class CleanRLLoop:
         self.envs.close()
 
 
-def _gym_rows(n: int, steps: int, seed: int, model) -> list[Row]:
+def cleanrl_net(net: torch.nn.Sequential) -> torch.nn.Sequential:
+    """The network as CleanRL's ppo.py builds it (``nn.Linear`` and ``nn.Tanh``), holding ``net``'s weights.
+
+    raysim's ``Tanh`` module computes ``2*sigmoid(2x)-1`` (about 5x cheaper here than
+    ``torch.tanh``); the baselines run what a CleanRL user runs: ``torch.tanh``.
+    """
+    layers = [torch.nn.Tanh() if not isinstance(m, torch.nn.Linear) else m for m in net]
+    copy = torch.nn.Sequential(*[torch.nn.Linear(m.in_features, m.out_features) if isinstance(m, torch.nn.Linear) else m
+                                 for m in layers])
+    copy.load_state_dict(net.state_dict())
+    return copy
+
+
+def _gym_rows(n: int, steps: int, seed: int, model, net: str = "cleanrl") -> list[Row]:
     import gymnasium as gym
 
     rows = []
     for name, mode in ((SYNC, "sync"), (NATIVE, "vector_entry_point")):
-        loop = CleanRLLoop(gym.make_vec(GYM_ID, n, vectorization_mode=mode), n, model, steps, seed)
+        loop = CleanRLLoop(gym.make_vec(GYM_ID, n, vectorization_mode=mode), n, model, steps, seed, net)
         rows.append(Row(name, loop, loop.close))
     return rows
 
 
-def _envpool_row(n: int, steps: int, seed: int, model, results: Results) -> list[Row]:
+def _envpool_row(n: int, steps: int, seed: int, model, results: Results, net: str = "cleanrl") -> list[Row]:
     if ENVPOOL in results.skipped:
         return []
     try:
         import envpool
 
         envs = envpool.make(GYM_ID, env_type="gymnasium", num_envs=n, seed=seed)
-        loop = CleanRLLoop(envs, n, model, steps, seed)
+        loop = CleanRLLoop(envs, n, model, steps, seed, net)
     except Exception as error:  # usually: not installed
         results.skipped[ENVPOOL] = f"{type(error).__name__}: {error}"
         return []
@@ -192,16 +212,19 @@ def _envpool_row(n: int, steps: int, seed: int, model, results: Results) -> list
 
 
 def _floor_row(n: int, steps: int, model) -> Row:
+    from raysim.algos.fast import MLPInference
+    from raysim.rollout.advantages import critic_values
+
     obs_dim = model.critic.net[0].in_features
     step_obs = torch.randn(n, obs_dim)
-    all_obs = torch.randn((steps + 1) * n, obs_dim)
-    actor, critic = model.actor.net, model.critic.net
+    all_obs = {"policy": torch.randn((steps + 1) * n, obs_dim)}
+    actor = MLPInference(model.actor.net)  # the cheapest forward this torch offers (fused, no allocation)
 
     def floor(version: int):
         with torch.no_grad():
             for _ in range(steps):
                 actor(step_obs)
-            return critic(all_obs)
+            return critic_values(model.critic, all_obs)
 
     return Row(FLOOR, floor)
 
@@ -211,8 +234,8 @@ def _floor_row(n: int, steps: int, model) -> Row:
 
 def _measure(n: int, args, results: Results) -> None:
     model, rows = _raysim_rows(n, args.steps, args.seed, not args.no_ray, results)
-    rows += _gym_rows(n, args.steps, args.seed, model)
-    rows += _envpool_row(n, args.steps, args.seed, model, results)
+    rows += _gym_rows(n, args.steps, args.seed, model, args.baseline_net)
+    rows += _envpool_row(n, args.steps, args.seed, model, results, args.baseline_net)
     rows.append(_floor_row(n, args.steps, model))
     try:
         for rnd in range(args.warmups + args.samples):
@@ -230,6 +253,57 @@ def _measure(n: int, args, results: Results) -> None:
         for row in rows:
             row.close()
     results.peak_rss_mib[n] = _peak_rss_mib()
+
+
+def _measure_scale(args, results: Results) -> list[list[str]]:
+    """Env steps/s of 1, 2, 4... Ray actor shards collecting in parallel (``--scale``).
+
+    One round: one ``ray.put`` of the weights, every shard's ``rollout`` (``--scale-envs`` rows,
+    ``--steps`` steps), until the driver holds all chunks (values not included: one learner
+    computes them whatever the shard count). Parallel efficiency: the rate of S shards over S
+    times the rate of one; with more shards than cores it cannot exceed cores / S.
+    """
+    import ray
+
+    from raysim.algos.models import Actor, ModelConfig
+    from raysim.rollout.shard import EnvShard
+    from raysim.seeding import derive_seed
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, logging_level="ERROR", _system_config=SIDE_BY_SIDE)
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    table, per_shard = [], None
+    for count in sorted(args.scale):
+        shards = [
+            ray.remote(EnvShard).options(num_cpus=min(1.0, cpus / count)).remote(
+                ENV_ID, args.scale_envs, seed=derive_seed(args.seed, 12, i), shard_index=i)
+            for i in range(count)
+        ]
+        try:
+            spaces = ray.get(shards[0].spaces.remote())
+            ray.get([s.spaces.remote() for s in shards])
+            torch.manual_seed(args.seed)
+            actor = Actor(spaces[0], spaces[1], ModelConfig()).state_dict()
+            times = []
+            for rnd in range(args.warmups + args.samples):
+                gc.collect()
+                start = time.perf_counter()
+                ref = ray.put({"version": rnd + 1, "actor": actor})
+                chunks = ray.get([s.rollout.remote(ref, args.steps) for s in shards])
+                elapsed = time.perf_counter() - start
+                del chunks, ref
+                if rnd >= args.warmups:
+                    times.append(elapsed)
+        finally:
+            for shard in shards:
+                ray.kill(shard)
+        med = statistics.median(times)
+        rate = count * args.scale_envs * args.steps / med
+        if per_shard is None:  # the first (smallest) count is the reference: its rate per shard
+            per_shard = rate / count
+        table.append([str(count), str(count * args.scale_envs), _ms(med * 1e3), f"{rate:,.0f}",
+                      f"{rate / per_shard:.2f}x", f"{rate / (count * per_shard):.0%}"])
+    return table
 
 
 def _peak_rss_mib() -> float:
@@ -274,7 +348,8 @@ def _header(args) -> str:
             f"Collection of {args.steps} steps of CartPole for N rows: from the request until the learner side holds",
             "the complete chunk with values for every observation (raysim: `shard.rollout(weights, T)` then",
             "`chunk_values(critic, chunk)`, terminal values of the eligible rows included; baselines: CleanRL's",
-            "ppo.py rollout loop with its bootstrap value). FP32 actor and critic MLPs [64, 64] Tanh, "
+            "ppo.py rollout loop with its bootstrap value, networks: "
+            f"{'CleanRL nn.Tanh' if args.baseline_net == 'cleanrl' else 'raysim modules'}). FP32 actor and critic MLPs [64, 64] Tanh, "
             f"{torch.get_num_threads()} torch thread,",
             f"seed {args.seed}, {args.warmups} warm-up and {args.samples} measured rounds per N, the rows alternating "
             "within each round; median ms (min-max).",
@@ -293,7 +368,7 @@ def _load() -> str:
         return "n/a"
 
 
-def _report(args, envs: list[int], results: Results) -> str:
+def _report(args, envs: list[int], results: Results, scale: list[list[str]] | None = None) -> str:
     rows = [r for r in ROWS if any((r, n) in results.times for n in envs)]
     out = []
     detail = []
@@ -351,6 +426,17 @@ def _report(args, envs: list[int], results: Results) -> str:
         "",
         _table(["after N", "peak RSS MiB"], [[str(n), f"{results.peak_rss_mib[n]:.0f}"] for n in envs]),
     ]
+    if scale:
+        out += [
+            "",
+            f"## Scaling: Ray actor shards of {args.scale_envs} rows collecting {args.steps} steps in parallel "
+            f"(one weights ref per round, chunks delivered to the driver; {os.cpu_count()} CPUs)",
+            "",
+            _table(["shards", "rows", "median ms per round", "env steps/s", "speed-up vs 1 shard", "parallel efficiency"],
+                   scale),
+            "",
+            "A simulated multi-node cluster (ray.cluster_utils.Cluster) is not measured: its nodes would share these cores.",
+        ]
     out += ["", f"Load average at the end: {_load()} (on {os.cpu_count()} CPUs)."]
     if results.skipped:
         out += ["", "Skipped rows:", ""] + [f"- {row}: {why}" for row, why in results.skipped.items()]
@@ -369,6 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=42, help="seed of the envs, the model and the sampling (default 42)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor row (and do not start Ray)")
     parser.add_argument(
+        "--baseline-net", choices=["cleanrl", "raysim"], default="cleanrl",
+        help="networks of the baseline loops: CleanRL's (nn.Tanh; default) or raysim's modules (its cheaper Tanh)",
+    )
+    parser.add_argument(
+        "--scale", type=int, nargs="*", default=None,
+        help="shard counts of the Ray scaling table (default 1 2 4; none with --quick or --no-ray)",
+    )
+    parser.add_argument("--scale-envs", type=int, default=1024, help="rows per shard in the scaling table (default 1024)")
+    parser.add_argument(
         "--quick", action="store_true", help="smoke run: --envs 1 64 --warmups 1 --samples 3 unless given"
     )
     return parser
@@ -384,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 1 for n in args.envs) or args.steps < 1 or args.samples < 1 or args.warmups < 0:
         parser.error("--envs, --steps and --samples must be >= 1 and --warmups >= 0")
     envs = list(dict.fromkeys(args.envs))
+    if args.scale is None:
+        args.scale = [] if args.quick else [1, 2, 4]
 
     threads, rng_state = torch.get_num_threads(), torch.random.get_rng_state()
     ray_was_up = _ray_is_up() if not args.no_ray else True
@@ -395,8 +492,13 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             _measure(n, args, results)
             print(f"[N={n} measured in {time.perf_counter() - start:.1f} s]", file=sys.stderr, flush=True)
+        scale = None
+        if args.scale and not args.no_ray:
+            start = time.perf_counter()
+            scale = _measure_scale(args, results)
+            print(f"[scaling measured in {time.perf_counter() - start:.1f} s]", file=sys.stderr, flush=True)
         print()
-        print(_report(args, envs, results), flush=True)
+        print(_report(args, envs, results, scale), flush=True)
     finally:
         torch.set_num_threads(threads)
         torch.random.set_rng_state(rng_state)

@@ -9,4 +9,8 @@ from raysim.envs.torch_env import TorchEnv
 register("raysim/CartPole", CartPole)
 register("raysim/Reach", Reach)
 
-__all__ = ["BatchedEnv", "CartPole", "Obs", "Reach", "Step", "TorchEnv", "make", "register", "registered"]
+from raysim.envs.gym_vector import RaysimEnv, RaysimVectorEnv, register_gymnasium  # noqa: E402
+
+register_gymnasium(["raysim/CartPole", "raysim/Reach"])  # gymnasium.make_vec("raysim/CartPole-v0", num_envs=N)
+
+__all__ = ["BatchedEnv", "CartPole", "Obs", "RaysimEnv", "RaysimVectorEnv", "Reach", "Step", "TorchEnv", "make", "register", "registered"]

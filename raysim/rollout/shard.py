@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from raysim.algos.models import Actor, ModelConfig
+from raysim.algos.fast import MLPInference
+from raysim.algos.models import Actor, ModelConfig, sample_categorical
 from raysim.envs import make
 from raysim.envs.contract import Obs, Step
 from raysim.rollout.chunk import RolloutChunk
@@ -68,6 +69,7 @@ class EnvShard:
         self.steps_done = 0  # env steps taken by this shard, across chunks
         self._resets = 0
         self._group_rounds = 0  # rounds of rollout_groups played (part of the group reset seeds)
+        self._acting: tuple | None = None  # (MLPInference of the actor, probs and noise buffers), per row count
 
     def spaces(self) -> tuple[dict, Any, int | None]:
         """The env's observation spaces (per group), action space and episode step limit."""
@@ -118,40 +120,119 @@ class EnvShard:
             self.version = weights["version"]
 
     def rollout(self, weights: dict, num_steps: int) -> RolloutChunk:
-        """Act ``num_steps`` steps with ``weights`` and return the chunk."""
+        """Act ``num_steps`` steps with ``weights`` and return the chunk.
+
+        The hot loop of collection; it computes exactly what a plain per-step loop does
+        (``Actor.sample`` on ``obs["policy"]``, ``env.step``, copy into the chunk; see
+        tests/test_fast_path.py) with less overhead per step:
+
+        - the chunk's tensors are allocated once per chunk (they belong to the chunk) and every
+          step writes into them in place;
+        - a discrete actor acts through ``MLPInference`` (fused layers, preallocated buffers) and
+          ``sample_categorical`` into the chunk's ``actions[t]`` and ``logp[t]``: no distribution
+          objects, no temporaries;
+        - with ``on_nonfinite: raise`` finiteness is checked once per chunk, not once per step
+          (4 host syncs per step before); the first bad step and rows are then located for the
+          same message. ``mask`` must restart rows at once, so it checks every step.
+        """
         self.set_weights(weights)
         T, N = int(num_steps), self.env.num_envs
         obs = {k: torch.empty((T + 1, *v.shape), dtype=v.dtype) for k, v in self.obs.items()}
-        actions: torch.Tensor | None = None
         logp = torch.empty(T, N)
         reward = torch.empty(T, N)
         terminated = torch.empty(T, N, dtype=torch.bool)
         truncated = torch.empty(T, N, dtype=torch.bool)
         mask = torch.ones(T, N, dtype=torch.bool)
+        fast = self.actor.discrete
+        actions = torch.empty(T, N, dtype=torch.int64) if fast else None
         finals: list[tuple[int, Step]] = []
-        nonfinite = 0
-        with inference(self.actor):
-            for t in range(T):
-                for k, v in self.obs.items():
-                    obs[k][t] = v
-                action, logp[t] = self.actor.sample(self.obs["policy"], self.generator)
-                if actions is None:
-                    actions = torch.empty((T, *action.shape), dtype=action.dtype)
-                actions[t] = action
-                step = self.env.step(self.actor.env_action(action))
-                if step.valid is not None:
-                    mask[t] = step.valid
-                nonfinite += self._check_finite(step, t, mask[t])
-                reward[t] = step.reward
-                terminated[t] = step.terminated
-                truncated[t] = step.truncated
-                if step.done_rows.numel():
-                    finals.append((t, step))
-                self.obs = step.obs
-                self.steps_done += 1
+        nonfinite, start = 0, self.steps_done
+        check_each_step = self.on_nonfinite == "mask"
+        # per-step views made once per chunk (one unbind each instead of an indexing call per step)
+        obs_t = {k: v.unbind(0) for k, v in obs.items()}
+        reward_t, terminated_t, truncated_t, logp_t = reward.unbind(0), terminated.unbind(0), truncated.unbind(0), logp.unbind(0)
+        actions_t = actions.unbind(0) if fast else None
+        t = 0
+        try:
+            with inference(self.actor):
+                for t in range(T):
+                    for k, v in self.obs.items():
+                        obs_t[k][t].copy_(v)
+                    if fast:
+                        action = self._sample_discrete(self.obs["policy"], actions_t[t], logp_t[t])
+                    else:
+                        action, logp[t] = self.actor.sample(self.obs["policy"], self.generator)
+                        if actions is None:
+                            actions = torch.empty((T, *action.shape), dtype=action.dtype)
+                        actions[t] = action
+                    step = self.env.step(self.actor.env_action(action))
+                    if step.valid is not None:
+                        mask[t] = step.valid
+                    if check_each_step:
+                        self.steps_done = start + t
+                        nonfinite += self._check_finite(step, t, mask[t])
+                    reward_t[t].copy_(step.reward)
+                    terminated_t[t].copy_(step.terminated)
+                    truncated_t[t].copy_(step.truncated)
+                    if step.done_rows.numel():
+                        finals.append((t, step))
+                    self.obs = step.obs
+        except Exception as error:
+            if not check_each_step:  # an env may fail on the non-finite values it produced: say so first
+                try:
+                    partial = self._chunk(obs, actions, logp, reward, terminated, truncated, mask, finals, nonfinite)
+                except Exception:  # noqa: BLE001 - nothing to add to the env's own error
+                    raise error from None
+                self._raise_if_nonfinite(partial, start, t)
+            raise
+        self.steps_done = start + T
         for k, v in self.obs.items():
-            obs[k][T] = v
-        return self._chunk(obs, actions, logp, reward, terminated, truncated, mask, finals, nonfinite)
+            obs[k][T].copy_(v)
+        chunk = self._chunk(obs, actions, logp, reward, terminated, truncated, mask, finals, nonfinite)
+        if not check_each_step:
+            self._raise_if_nonfinite(chunk, start, T)
+        return chunk
+
+    def _sample_discrete(self, policy_obs: torch.Tensor, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """``Actor.sample`` for a discrete actor, bitwise, written into ``action`` [N] and ``logp`` [N]."""
+        acting = self._acting
+        if acting is None or acting[0].net is not self.actor.net or acting[1].shape[0] != policy_obs.shape[0]:
+            rows, width = policy_obs.shape[0], self.actor.net[-1].out_features
+            acting = self._acting = (MLPInference(self.actor.net), torch.empty(rows, width), torch.empty(rows, width))
+        net, probs, noise = acting
+        log_probs = net(policy_obs if policy_obs.dim() == 2 else policy_obs.flatten(1)).log_softmax(-1)
+        torch.exp(log_probs, out=probs)
+        sample_categorical(probs, self.generator, noise=noise, out=action)
+        torch.gather(log_probs, 1, action.unsqueeze(1), out=logp.unsqueeze(1))
+        return action
+
+    def _raise_if_nonfinite(self, chunk: RolloutChunk, start: int, steps: int) -> None:
+        """Raise ``NonFiniteError`` for the first of the chunk's first ``steps`` steps with a non-finite value.
+
+        One check over the whole chunk (the common case: all finite); only when it fails are the
+        step and rows located, as the per-step check would have reported them.
+        """
+        reward, obs, final_obs = chunk.reward[:steps], chunk.obs, chunk.final_obs
+        if bool(torch.isfinite(reward).all()) and all(bool(torch.isfinite(v[1 : steps + 1]).all()) for v in obs.values()) \
+                and all(bool(torch.isfinite(v).all()) for v in final_obs.values()):
+            return
+        bad = ~torch.isfinite(reward)
+        for value in obs.values():
+            bad |= ~torch.isfinite(value[1 : steps + 1].flatten(2)).all(2)
+        for value in final_obs.values():
+            bad_final = ~torch.isfinite(value.flatten(1)).all(1) & (chunk.final_t < steps)
+            bad[chunk.final_t[bad_final], chunk.final_row[bad_final]] = True
+        t = int(bad.any(1).nonzero()[0, 0])
+        self.steps_done = start + t
+        rows = bad[t].nonzero().squeeze(1)
+        raise NonFiniteError(self._nonfinite_message(rows, t))
+
+    def _nonfinite_message(self, rows: torch.Tensor, t: int) -> str:
+        return (
+            f"{self.env_id} returned a non-finite observation or reward in row {int(rows[0])} of shard "
+            f"{self.shard_index} at step {self.steps_done} (step {t} of this chunk); rows affected: "
+            f"{rows.tolist()}. Fix the env, or set on_nonfinite: mask to drop such rows and count them."
+        )
 
     def rollout_groups(self, weights: dict, max_steps: int, group_size: int) -> RolloutChunk:
         """GRPO: one episode per row, groups of ``group_size`` rows from a shared start (``raysim.rollout.groups``)."""
@@ -171,11 +252,7 @@ class EnvShard:
             bad[step.done_rows] |= ~torch.isfinite(value.flatten(1)).all(1)
         rows = bad.nonzero().squeeze(1)
         if self.on_nonfinite == "raise":
-            raise NonFiniteError(
-                f"{self.env_id} returned a non-finite observation or reward in row {int(rows[0])} of shard "
-                f"{self.shard_index} at step {self.steps_done} (step {t} of this chunk); rows affected: "
-                f"{rows.tolist()}. Fix the env, or set on_nonfinite: mask to drop such rows and count them."
-            )
+            raise NonFiniteError(self._nonfinite_message(rows, t))
         mask_t[rows] = False
         # The rows' episodes are discarded, not finished: no flags, final_obs or report for them
         # (a NaN reward on a row's last step would otherwise put a NaN return in the chunk).

@@ -1,0 +1,161 @@
+"""``raysim export``: standalone deterministic policies (TorchScript, ONNX) equal to raysim's own actions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import raysim
+from raysim.algos.models import Actor
+from raysim.checkpoint import load_checkpoint, locate_checkpoint
+from raysim.cli import main
+from raysim.rollout.inference import inference
+
+SITE_PACKAGES = str(Path(torch.__file__).resolve().parent.parent)
+
+RUNS = {
+    # name: (config, overrides)
+    "cartpole": (None, []),
+    "reach_clip": ("reach_ppo", ["env.num_envs=8", "algo.num_steps=16"]),
+    "reach_squash": ("reach_ppo", ["env.num_envs=8", "algo.num_steps=16", "model.action_transform=squash"]),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny trained runs (a few PPO iterations, in-process), by name."""
+    root = tmp_path_factory.mktemp("export_runs")
+    out = {}
+    for name, (config, overrides) in RUNS.items():
+        cfg = raysim.load_config(config, ["backend=local", "train.total_steps=512", "eval.episodes=0",
+                                          f"run_dir={root / name}", *overrides])
+        out[name] = Path(raysim.Trainer(cfg).train().run_dir)
+    return out
+
+
+def raysim_actions(run_dir: Path, obs: torch.Tensor, obs_norm: dict | None = None) -> torch.Tensor:
+    """What raysim's deterministic evaluation acts: ``env_action(deterministic(obs))`` under ``inference``."""
+    run_dir, checkpoint = locate_checkpoint(run_dir)
+    config = raysim.load_config(run_dir / "configs" / "train.yaml")
+    state, _ = load_checkpoint(checkpoint)
+    env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
+    actor = Actor(env.observation_spaces, env.action_space, config.model)
+    actor.load_state_dict({k[6:]: v for k, v in state["model"].items() if k.startswith("actor.")})
+    if obs_norm is not None:
+        obs = torch.clamp((obs - obs_norm["mean"]) / torch.sqrt(obs_norm["var"] + 1e-8), -10.0, 10.0)
+    with inference(actor):
+        return actor.env_action(actor.deterministic(obs))
+
+
+def observations(run_dir: Path, n: int = 256) -> torch.Tensor:
+    """Observations the policy meets (env rows after random steps) plus wide random ones (clipping)."""
+    config = raysim.load_config(Path(run_dir) / "configs" / "train.yaml")
+    env = raysim.envs.make(config.env.id, 32, seed=5, **config.env.kwargs)
+    rows = [env.reset(5)["policy"].clone()]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        if hasattr(env.action_space, "n"):
+            actions = torch.randint(int(env.action_space.n), (32,), generator=generator)
+        else:
+            actions = torch.rand(32, *env.action_space.shape, generator=generator) * 2 - 1
+        rows.append(env.step(actions).obs["policy"].clone())
+    seen = torch.cat(rows)
+    wide = torch.randn(n - len(seen), seen.shape[1], generator=generator) * 3
+    return torch.cat([seen, wide]).float()
+
+
+def run_clean(code: str, cwd: Path) -> str:
+    """Run ``code`` in a fresh interpreter where only torch's site-packages is importable (no raysim)."""
+    prelude = f"import sys; sys.path.append({SITE_PACKAGES!r})\n"
+    prelude += "try:\n    import raysim\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('raysim is importable')\n"
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", prelude + textwrap.dedent(code)], cwd=cwd,
+                            capture_output=True, text=True, timeout=120, env={"PATH": os.environ.get("PATH", "")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_torchscript_policy_in_a_process_without_raysim_equals_raysim_actions(runs, name, tmp_path, capsys):
+    out = tmp_path / "policy.pt"
+    assert main(["export", str(runs[name]), "--format", "torchscript", "--out", str(out)]) == 0
+    assert "export:" in capsys.readouterr().out
+    obs = observations(runs[name])
+    np.save(tmp_path / "obs.npy", obs.numpy())
+    run_clean(f"""
+        import numpy, torch
+        extra = {{"raysim.json": ""}}
+        policy = torch.jit.load({str(out)!r}, _extra_files=extra)
+        with torch.no_grad():
+            action = policy(torch.from_numpy(numpy.load({str(tmp_path / 'obs.npy')!r})))
+        numpy.save({str(tmp_path / 'action.npy')!r}, action.numpy())
+        open({str(tmp_path / 'meta.json')!r}, "wb").write(extra["raysim.json"])
+    """, tmp_path)
+    exported = np.load(tmp_path / "action.npy")
+    expected = raysim_actions(runs[name], obs).numpy()
+    assert exported.dtype == expected.dtype and exported.shape == expected.shape
+    np.testing.assert_array_equal(exported, expected)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    if name == "cartpole":
+        assert exported.dtype == np.int64 and exported.shape == (len(obs),) and meta["discrete"]
+    else:
+        assert exported.dtype == np.float32 and exported.shape == (len(obs), 2)
+        assert (np.abs(exported) <= 1).all()  # in Reach's action space [-1, 1]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+def test_export_of_a_checkpoint_directory_bakes_in_observation_normalization(runs, tmp_path):
+    """``state["obs_norm"]["policy"]`` (mean, var) becomes ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``."""
+    _, checkpoint = locate_checkpoint(runs["reach_clip"])
+    state, meta = load_checkpoint(checkpoint)
+    dim = state["model"]["actor.net.0.weight"].shape[1]
+    obs_norm = {"mean": torch.linspace(-0.5, 0.5, dim), "var": torch.linspace(0.01, 4.0, dim)}
+    run = tmp_path / "run"
+    (run / "checkpoints" / "7").mkdir(parents=True)
+    (run / "configs").mkdir()
+    (run / "configs" / "train.yaml").write_text((runs["reach_clip"] / "configs" / "train.yaml").read_text())
+    (run / "configs" / "gym.yaml").write_text((runs["reach_clip"] / "configs" / "gym.yaml").read_text())
+    torch.save({**state, "obs_norm": {"policy": obs_norm}}, run / "checkpoints" / "7" / "state.pt")
+    (run / "checkpoints" / "7" / "meta.json").write_text(json.dumps(meta))
+
+    from raysim.export import export_policy
+
+    info = export_policy(run / "checkpoints" / "7", tmp_path / "p.pt")
+    assert info["normalized"]
+    policy = torch.jit.load(str(tmp_path / "p.pt"))
+    obs = observations(runs["reach_clip"])
+    with torch.no_grad():
+        got = policy(obs)
+    torch.testing.assert_close(got, raysim_actions(run, obs, obs_norm), rtol=1e-6, atol=1e-6)
+    assert not torch.equal(got, raysim_actions(run, obs))  # the normalization matters
+
+
+@pytest.mark.parametrize("name", ["cartpole", "reach_squash"])
+def test_onnx_policy_equals_raysim_actions(runs, name, tmp_path):
+    pytest.importorskip("onnx", reason="ONNX export needs the onnx package (pip install 'raysim[export]')")
+    ort = pytest.importorskip("onnxruntime", reason="checking the ONNX file needs onnxruntime (pip install 'raysim[export]')")
+    out = tmp_path / "policy.onnx"
+    assert main(["export", str(runs[name]), "--format", "onnx", "--out", str(out)]) == 0
+    obs = observations(runs[name])
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (action,) = session.run(["action"], {"obs": obs.numpy()})
+    expected = raysim_actions(runs[name], obs).numpy()
+    assert action.dtype == expected.dtype and action.shape == expected.shape
+    if name == "cartpole":
+        np.testing.assert_array_equal(action, expected)
+    else:  # another runtime's kernels: equal to float32 rounding
+        np.testing.assert_allclose(action, expected, rtol=1e-5, atol=1e-5)
+    (one,) = session.run(["action"], {"obs": obs[:1].numpy()})  # any batch size
+    assert one.shape[0] == 1
+
+
+def test_export_errors_are_clear(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "p.pt")]) == 2
+    assert "neither a run directory" in capsys.readouterr().err
