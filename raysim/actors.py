@@ -21,6 +21,10 @@ class Handle:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
+    def call_pair(self, method: str, *args: Any) -> tuple[Any, Any]:
+        """Call a method that returns a pair, as two futures (Ray: two objects, fetched separately)."""
+        raise NotImplementedError
+
 
 class Backend:
     name: str
@@ -50,6 +54,9 @@ class _LocalHandle(Handle):
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.instance, method)(*args, **kwargs)
 
+    def call_pair(self, method: str, *args: Any) -> tuple[Any, Any]:
+        return getattr(self.instance, method)(*args)
+
 
 class LocalBackend(Backend):
     """Everything in this process, no Ray."""
@@ -69,6 +76,9 @@ class _RayHandle(Handle):
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.actor, method).remote(*args, **kwargs)
+
+    def call_pair(self, method: str, *args: Any) -> tuple[Any, Any]:
+        return tuple(getattr(self.actor, method).options(num_returns=2).remote(*args))
 
 
 class RayBackend(Backend):

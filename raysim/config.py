@@ -65,6 +65,7 @@ class ShardsConfig:
     count: int = 1
     num_cpus: float = 1.0
     resources: dict = field(default_factory=dict)  # custom Ray resources per shard
+    max_restarts: int = 10  # shards replaced after their process died, over the run
 
 
 @dataclass
@@ -76,6 +77,7 @@ class LearnerConfig:
     num_cpus: float = 1.0  # per rank
     ranks: int = 1  # data-parallel learner ranks (torch.distributed: gloo on CPU, NCCL on GPU)
     resources: dict = field(default_factory=dict)  # custom Ray resources per rank (e.g. {learner: 1})
+    max_restarts: int = 3  # learner restarts from the newest checkpoint after its process died
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from raysim.actors import Backend, Handle, LocalBackend, RayBackend
-from raysim.checkpoint import load_latest, save_checkpoint
+from raysim.checkpoint import CheckpointError, load_latest, save_checkpoint
 from raysim.composition import differences, env_identity
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
@@ -61,6 +61,7 @@ class Roles:
     eval_shards: list[Handle]
     learner: LearnerGroup
     max_episode_steps: int | None
+    spaces: tuple  # the env's observation spaces and action space, to build a learner again
 
 
 class Trainer:
@@ -79,6 +80,8 @@ class Trainer:
         self.resume = resume
         self.run_dir = Path(config.run_dir) if resume else new_run_dir(config)
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
+        self.faults = 0  # shards replaced after their process died
+        self.learner_restarts = 0
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, config: str | Path | None = None, overrides: list[str] | None = None,
@@ -111,7 +114,7 @@ class Trainer:
         backend, started_ray = start_backend(cfg, self.address)
         try:
             iterations = max(1, math.ceil(cfg.train.total_steps / steps_per_iteration(cfg)))
-            roles = self._create_roles(backend, iterations)
+            roles = self.roles = self._create_roles(backend, iterations)  # self.roles: for inspection
             if self.resume:
                 iteration, env_steps = self._restore(backend, roles)
             else:
@@ -135,21 +138,20 @@ class Trainer:
                     iteration += 1
                     log = iteration % cfg.train.log_every == 0 or iteration == last
                     t_start = time.perf_counter()
-                    if cfg.algo.name == "grpo":  # one episode per row, groups from shared starts
-                        chunks = [s.call("rollout_groups", weights, cfg.algo.num_steps, cfg.algo.group_size)
-                                  for s in roles.shards]
-                    else:
-                        chunks = [s.call("rollout", weights, cfg.algo.num_steps) for s in roles.shards]
-                    t_submitted = time.perf_counter()  # local: the rollouts ran; Ray: only submitted
-                    calls = roles.learner.start_update(chunks, log)  # Ray: the learner resolves the chunk refs
-                    t_updating = time.perf_counter()  # local: the update ran
-                    backend.wait(chunks)  # Ray: until collected, without fetching the chunks here
-                    t_collected = time.perf_counter()
-                    result = roles.learner.finish_update(calls)
+                    try:
+                        chunks = self._collect(backend, roles, weights)  # futures; dead shards replaced
+                        t_collected = time.perf_counter()
+                        result = roles.learner.finish_update(roles.learner.start_update(chunks, log))
+                    except Exception as error:  # a learner rank died: restart from the newest checkpoint
+                        if not (isinstance(error, LearnerLost) or backend.is_actor_failure(error)):
+                            raise
+                        iteration, env_steps = self._restart_learner(backend, roles, iterations, error)
+                        weights = roles.learner.get_weights()
+                        continue
                     weights = roles.learner.get_weights()
                     t_updated = time.perf_counter()
-                    times["time_collect"] += (t_submitted - t_start) + (t_collected - t_updating)
-                    times["time_update"] += (t_updating - t_submitted) + (t_updated - t_collected)
+                    times["time_collect"] += t_collected - t_start
+                    times["time_update"] += t_updated - t_collected
                     timed += 1
                     steps_before, env_steps = env_steps, env_steps + int(result["env_steps"])
                     if cfg.algo.name == "grpo" and env_steps >= cfg.train.total_steps:
@@ -210,13 +212,74 @@ class Trainer:
         eval_count = cfg.eval.shards if (cfg.eval.episodes or cfg.eval.every or cfg.eval.every_steps) else 0
         eval_shards = [create_shard(backend, cfg, i, evaluation=True) for i in range(eval_count)]
         observation_spaces, action_space, max_episode_steps = backend.get(shards[0].call("spaces"))
-        learner = LearnerGroup(
-            backend, cfg.learner.ranks, observation_spaces, action_space, cfg.model, cfg.algo, iterations,
-            seed=cfg.seed, device=cfg.learner.device,
+        spaces = (observation_spaces, action_space)
+        return Roles(shards, eval_shards, self._create_learner(backend, spaces, iterations), max_episode_steps, spaces)
+
+    def _create_learner(self, backend: Backend, spaces: tuple, iterations: int) -> LearnerGroup:
+        cfg = self.config
+        return LearnerGroup(
+            backend, cfg.learner.ranks, *spaces, cfg.model, cfg.algo, iterations, seed=cfg.seed, device=cfg.learner.device,
             options={"num_cpus": cfg.learner.num_cpus, "num_gpus": cfg.learner.num_gpus,
                      "resources": dict(cfg.learner.resources)},
         )
-        return Roles(shards, eval_shards, learner, max_episode_steps)
+
+    def _collect(self, backend: Backend, roles: Roles, weights: Any) -> list[Any]:
+        """Every shard's chunk of this iteration, as futures the learner resolves.
+
+        The driver reads only each shard's small receipt. A shard whose process died (killed,
+        node lost) is replaced and its part collected again, so the iteration's batch has its
+        configured size and nothing is counted twice.
+        """
+        cfg = self.config
+        if cfg.algo.name == "grpo":  # one episode per row, groups from shared starts
+            args = ("rollout_groups", weights, cfg.algo.num_steps, cfg.algo.group_size)
+        else:
+            args = ("rollout", weights, cfg.algo.num_steps)
+        futures = [shard.call_pair("collect", *args) for shard in roles.shards]
+        chunks: list[Any] = [None] * len(futures)
+        while True:
+            for i, (chunk, receipt) in enumerate(futures):
+                if chunks[i] is not None:
+                    continue
+                try:
+                    backend.get(receipt)
+                    chunks[i] = chunk
+                except Exception as error:
+                    if not backend.is_actor_failure(error):
+                        raise
+                    if alive(backend, roles.shards[i]):  # the shard is fine: its input, the weights, is lost
+                        raise LearnerLost(f"shard {i} could not read the learner's weights: {error}") from error
+                    self.faults += 1
+                    if self.faults > cfg.shards.max_restarts:
+                        raise RuntimeError(f"shard {i} died and {cfg.shards.max_restarts} shard restarts are used up "
+                                           f"(shards.max_restarts): {error}") from error
+                    print(f"raysim: fault: shard {i} died during its rollout ({type(error).__name__}); "
+                          f"replaced it, collecting its part of the iteration again", flush=True)
+                    roles.shards[i] = create_shard(backend, cfg, i, generation=self.faults)
+                    futures[i] = roles.shards[i].call_pair("collect", *args)
+            if all(chunk is not None for chunk in chunks):
+                return chunks
+
+    def _restart_learner(self, backend: Backend, roles: Roles, iterations: int, error: Exception) -> tuple[int, int]:
+        """A new learner group, restored from the newest checkpoint (or fresh when there is none)."""
+        cfg = self.config
+        self.learner_restarts += 1
+        if self.learner_restarts > cfg.learner.max_restarts:
+            raise RuntimeError(f"the learner died and {cfg.learner.max_restarts} restarts are used up "
+                               f"(learner.max_restarts): {error}") from error
+        for handle in roles.learner.handles:
+            backend.kill(handle)
+        roles.learner = self._create_learner(backend, roles.spaces, iterations)
+        try:
+            checkpoint, _, meta = load_latest(self.run_dir)
+        except CheckpointError:
+            print(f"raysim: fault: the learner died ({type(error).__name__}); no checkpoint yet: "
+                  "restarted it from scratch", flush=True)
+            return 0, 0
+        roles.learner.load(str(checkpoint))
+        print(f"raysim: fault: the learner died ({type(error).__name__}); restarted it from {checkpoint} "
+              f"(iteration {meta['iteration']})", flush=True)
+        return int(meta["iteration"]), int(meta["env_steps"])
 
     def _snapshot(self, roles: Roles) -> None:
         """Freeze the run's configs: ``gym.yaml`` (resources exported by the task) and ``train.yaml``."""
@@ -270,6 +333,21 @@ def eval_metrics(report: EvalReport) -> dict[str, float]:
     return metrics
 
 
+class LearnerLost(RuntimeError):
+    """The learner's weights could not be read: its process died."""
+
+
+def alive(backend: Backend, handle: Handle) -> bool:
+    """Whether a shard's process still answers."""
+    try:
+        backend.get(handle.call("spaces"))
+        return True
+    except Exception as error:
+        if backend.is_actor_failure(error):
+            return False
+        raise
+
+
 def start_backend(config: Config, address: str | None = None) -> tuple[Backend, bool]:
     """The backend of ``config``; starts an embedded local Ray when none is running and no address is given.
 
@@ -293,10 +371,14 @@ def start_backend(config: Config, address: str | None = None) -> tuple[Backend, 
     return RayBackend(), True
 
 
-def create_shard(backend: Backend, config: Config, index: int, evaluation: bool = False) -> Handle:
-    """Training shard ``index`` (or evaluation shard ``index``) of ``config``."""
+def create_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:
+    """Training shard ``index`` (or evaluation shard ``index``) of ``config``.
+
+    ``generation`` counts replacements of a shard that died: a replacement plays new episodes.
+    """
     num_envs = config.eval.num_envs if evaluation else config.env.num_envs
-    seed = derive_seed(config.eval.seed if evaluation else config.seed, 11 if evaluation else 10, index)
+    keys = (11 if evaluation else 10, index) + ((generation,) if generation else ())
+    seed = derive_seed(config.eval.seed if evaluation else config.seed, *keys)
     return backend.create(
         EnvShard, config.env.id, num_envs, seed=seed, model=config.model, env_kwargs=config.env.kwargs,
         shard_index=index, on_nonfinite=config.env.on_nonfinite,

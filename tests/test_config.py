@@ -68,7 +68,7 @@ def test_an_unknown_key_in_an_override_is_named_with_the_closest_valid_key():
 
 
 def test_an_unknown_key_without_a_close_match_lists_the_valid_keys():
-    with pytest.raises(ConfigError, match=r"unknown key 'learner\.zzzzzz'; valid keys: \['device', 'num_cpus', 'num_gpus', 'ranks', 'resources'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key 'learner\.zzzzzz'; valid keys: \['device', 'max_restarts', 'num_cpus', 'num_gpus', 'ranks', 'resources'\]"):
         load_config(None, overrides=["learner.zzzzzz=1"])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +31,15 @@ def registered() -> list[str]:
 
 
 def factory(env_id: str) -> EnvFactory:
-    """The factory registered as ``env_id`` (an error that suggests the closest id otherwise)."""
+    """The factory registered as ``env_id``, or ``module.path:Name`` imported (e.g. a user's own
+    task, which then also works in Ray workers that never imported it); an error that suggests
+    the closest registered id otherwise."""
+    if env_id not in _REGISTRY and ":" in env_id:
+        module, _, name = env_id.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"env id {env_id!r}: cannot import {name} from {module}: {error}") from error
     if env_id not in _REGISTRY:
         hint = difflib.get_close_matches(env_id, list(_REGISTRY), n=1)
         raise ValueError(

@@ -91,6 +91,17 @@ class EnvShard:
         generator.manual_seed(derive_seed(seed, 5, row_offset))
         return run_episodes(self.env, self.actor, quotas, row_offset, seed, max_steps, deterministic, generator, stop_after)
 
+    def collect(self, method: str, weights: dict, *args: Any) -> tuple[RolloutChunk, dict[str, int]]:
+        """``rollout`` or ``rollout_groups``, plus a small receipt.
+
+        The coordinator reads only the receipt: it learns that the shard is alive and the chunk
+        exists without pulling the chunk itself through the driver.
+        """
+        if method not in ("rollout", "rollout_groups"):
+            raise ValueError(f"collect: unknown method {method!r}")
+        chunk = getattr(self, method)(weights, *args)
+        return chunk, {"shard": self.shard_index, "env_steps": chunk.env_steps}
+
     def get_state(self) -> dict[str, Any]:
         """The shard's state for a checkpoint: env state (None if the env cannot save it), RNG, counters."""
         return {

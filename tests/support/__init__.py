@@ -1,0 +1,1 @@
+"""Test-only tasks, importable by Ray workers as ``tests.support.<module>:<Class>``."""
