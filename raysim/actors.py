@@ -46,6 +46,13 @@ class Backend:
         """True when ``error`` says the role's process died (the role can be replaced)."""
         return False
 
+    def room_for(self, request: dict[str, float]) -> int:
+        """How many more actors asking for ``request`` fit in the resources free right now."""
+        return 0
+
+    def request_capacity(self, request: dict[str, float], count: int) -> None:
+        """Ask the cluster's autoscaler for room for ``count`` such actors (no-op without one)."""
+
 
 class _LocalHandle(Handle):
     def __init__(self, instance: Any):
@@ -108,3 +115,12 @@ class RayBackend(Backend):
 
     def is_actor_failure(self, error: BaseException) -> bool:
         return isinstance(error, self.ray.exceptions.RayActorError)
+
+    def room_for(self, request: dict[str, float]) -> int:
+        free = self.ray.available_resources()
+        return int(min(free.get(k, 0.0) // v for k, v in request.items() if v > 0))
+
+    def request_capacity(self, request: dict[str, float], count: int) -> None:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[{k: v for k, v in request.items() if v > 0}] * count)

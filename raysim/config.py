@@ -66,6 +66,7 @@ class ShardsConfig:
     num_cpus: float = 1.0
     resources: dict = field(default_factory=dict)  # custom Ray resources per shard
     max_restarts: int = 10  # shards replaced after their process died, over the run
+    max: int | None = None  # elastic: grow up to this many shards as the cluster adds capacity (count is the minimum)
 
 
 @dataclass
@@ -199,6 +200,8 @@ def check_config(config: Config, where: str = "config") -> None:
     unknown = [s for s in config.train.sinks if s not in SINKS]
     if unknown:
         raise ConfigError(f"{where}: train.sinks: unknown sink(s) {unknown}; valid: {list(SINKS)}")
+    if config.shards.max is not None and config.shards.max < config.shards.count:
+        raise ConfigError(f"{where}: shards.max ({config.shards.max}) must be >= shards.count ({config.shards.count})")
     ranks = config.learner.ranks
     if not isinstance(ranks, int) or ranks < 1 or config.shards.count % ranks:
         raise ConfigError(f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}")

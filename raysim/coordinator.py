@@ -81,6 +81,7 @@ class Trainer:
         self.run_dir = Path(config.run_dir) if resume else new_run_dir(config)
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
         self.faults = 0  # shards replaced after their process died
+        self.next_shard_index = config.shards.count  # elastic: the index (and seed) of the next new shard
         self.learner_restarts = 0
 
     @classmethod
@@ -138,6 +139,8 @@ class Trainer:
                     iteration += 1
                     log = iteration % cfg.train.log_every == 0 or iteration == last
                     t_start = time.perf_counter()
+                    if cfg.shards.max:
+                        self._grow(backend, roles)
                     try:
                         chunks = self._collect(backend, roles, weights)  # futures; dead shards replaced
                         t_collected = time.perf_counter()
@@ -154,8 +157,8 @@ class Trainer:
                     times["time_update"] += t_updated - t_collected
                     timed += 1
                     steps_before, env_steps = env_steps, env_steps + int(result["env_steps"])
-                    if cfg.algo.name == "grpo" and env_steps >= cfg.train.total_steps:
-                        iterations = last = iteration  # GRPO rounds vary in length: stop on the step budget
+                    if (cfg.algo.name == "grpo" or cfg.shards.max) and env_steps >= cfg.train.total_steps:
+                        iterations = last = iteration  # GRPO rounds / elastic batches vary: stop on the step budget
                         if not log:
                             log = True
                             result.update(roles.learner.metrics())
@@ -209,6 +212,8 @@ class Trainer:
     def _create_roles(self, backend: Backend, iterations: int) -> Roles:
         cfg = self.config
         shards = [create_shard(backend, cfg, i) for i in range(cfg.shards.count)]
+        if cfg.shards.max:  # elastic: let an autoscaler know how many shards the run could use
+            backend.request_capacity(shard_request(cfg), cfg.shards.max)
         eval_count = cfg.eval.shards if (cfg.eval.episodes or cfg.eval.every or cfg.eval.every_steps) else 0
         eval_shards = [create_shard(backend, cfg, i, evaluation=True) for i in range(eval_count)]
         observation_spaces, action_space, max_episode_steps = backend.get(shards[0].call("spaces"))
@@ -249,6 +254,11 @@ class Trainer:
                         raise
                     if alive(backend, roles.shards[i]):  # the shard is fine: its input, the weights, is lost
                         raise LearnerLost(f"shard {i} could not read the learner's weights: {error}") from error
+                    if cfg.shards.max and len(roles.shards) > cfg.shards.count and backend.room_for(shard_request(cfg)) < 1:
+                        print(f"raysim: elastic: shard {i} was lost with its node and there is no room for a "
+                              f"replacement; continuing with {len(roles.shards) - 1} shards", flush=True)
+                        del roles.shards[i], futures[i], chunks[i]
+                        break  # the indices moved: look at the receipts again
                     self.faults += 1
                     if self.faults > cfg.shards.max_restarts:
                         raise RuntimeError(f"shard {i} died and {cfg.shards.max_restarts} shard restarts are used up "
@@ -259,6 +269,21 @@ class Trainer:
                     futures[i] = roles.shards[i].call_pair("collect", *args)
             if all(chunk is not None for chunk in chunks):
                 return chunks
+
+    def _grow(self, backend: Backend, roles: Roles) -> None:
+        """Elastic shards: at an iteration boundary, add shards for the room the cluster has now.
+
+        The iteration's batch is then (current shards) x ``env.num_envs`` x ``algo.num_steps``: it
+        grows and shrinks with the cluster, and the run stops once ``train.total_steps`` env steps
+        were collected (the learning-rate schedule spans the iterations planned for ``shards.count``).
+        """
+        cfg = self.config
+        add = min(backend.room_for(shard_request(cfg)), cfg.shards.max - len(roles.shards))
+        for _ in range(add):
+            roles.shards.append(create_shard(backend, cfg, self.next_shard_index))
+            self.next_shard_index += 1
+        if add > 0:
+            print(f"raysim: elastic: added {add} shard(s) for new capacity; {len(roles.shards)} shards now", flush=True)
 
     def _restart_learner(self, backend: Backend, roles: Roles, iterations: int, error: Exception) -> tuple[int, int]:
         """A new learner group, restored from the newest checkpoint (or fresh when there is none)."""
@@ -369,6 +394,11 @@ def start_backend(config: Config, address: str | None = None) -> tuple[Backend, 
         wanted = (config.shards.count + config.eval.shards) * config.shards.num_cpus + config.learner.num_cpus
         ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), include_dashboard=False)
     return RayBackend(), True
+
+
+def shard_request(config: Config) -> dict[str, float]:
+    """The Ray resources one shard asks for."""
+    return {"CPU": config.shards.num_cpus, **config.shards.resources}
 
 
 def create_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:

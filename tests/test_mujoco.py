@@ -11,6 +11,12 @@ pytest.importorskip("mujoco", reason='MuJoCo is not installed (pip install "rays
 import raysim  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _mujoco_log_in_tmp(tmp_path, monkeypatch):
+    """MuJoCo appends its warnings to MUJOCO_LOG.TXT in the working directory: keep it out of the repo."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.mark.parametrize("gym_id", ["HalfCheetah-v5", "Hopper-v5", "Ant-v5"])
 def test_mujoco_ids_follow_the_step_contract(gym_id):
     env = raysim.envs.make(f"gym:{gym_id}", 3, seed=0, max_episode_steps=40)
