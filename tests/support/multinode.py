@@ -32,6 +32,7 @@ class Events:
         self.trainer, self.cluster, self.mode, self.workers = trainer, cluster, mode, workers
         self.steps: list[int] = []
         self.placement: list[str] = []
+        self.removed = ""
 
     def write(self, record: dict) -> None:
         self.steps.append(int(record["env_steps"]))
@@ -41,6 +42,7 @@ class Events:
         self.placement = [node_of(s) for s in shards]
         if self.mode == "remove":
             busiest = max(self.workers, key=lambda n: self.placement.count(n.node_id))
+            self.removed = busiest.node_id
             self.cluster.remove_node(busiest)
         else:
             self.cluster.add_node(num_cpus=2, resources={"shard": 2})
@@ -66,7 +68,7 @@ def main(mode: str, run_dir: str) -> None:
     trainer.sinks = [events]
     summary = trainer.train()
     final = [node_of(s) for s in trainer.roles.shards]
-    print(json.dumps({"steps": events.steps, "placement": events.placement, "final_placement": final,
+    print(json.dumps({"steps": events.steps, "placement": events.placement, "final_placement": final, "removed": events.removed,
                       "env_steps": summary.env_steps, "iterations": summary.iterations}), flush=True)
     ray.shutdown()
     cluster.shutdown()
