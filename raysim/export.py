@@ -7,11 +7,10 @@ Gaussian mean, clipped to the action space (``model.action_transform: clip``) or
 (``squash``), float32 ``[B, *action_shape]``. It needs torch (TorchScript) or an ONNX runtime,
 not raysim.
 
-Observation normalization is baked in when the checkpoint holds it: ``state["obs_norm"]`` of the form
-``{"policy": {"mean": Tensor, "var": Tensor, "epsilon": float (optional, default 1e-8),
-"clip": float (optional, default 10.0)}}`` makes the module compute
-``clip((obs - mean) / sqrt(var + epsilon), -clip, clip)`` before the network; without that key the
-observation goes to the network unchanged. (A normalizer that raysim trains with writes that key.)
+Observation normalization is baked in when the actor has it (``model.obs_norm: true``): the
+module computes ``clamp((obs - mean) / sqrt(var + epsilon), -clip, clip)`` with the running
+statistics of the checkpoint's actor (``actor.obs_norm.*`` buffers) before the network, as the
+actor's own forward does; otherwise the observation goes to the network unchanged.
 
 The model is built from the run's ``configs/train.yaml`` (``model`` section) and the env's spaces
 (``raysim.envs.make(env.id, 1, **env.kwargs)``); the weights are the checkpoint's
@@ -44,22 +43,22 @@ class DeterministicPolicy(nn.Module):
 
     __constants__ = ["normalize", "discrete", "squash", "clip", "epsilon"]  # TorchScript folds the branches
 
-    def __init__(self, actor: Actor, obs_norm: dict[str, Any] | None = None):
+    def __init__(self, actor: Actor):
         super().__init__()
         self.net = actor.net
         self.discrete = bool(actor.discrete)
         self.squash = bool(getattr(actor, "squash", False))
-        self.normalize = obs_norm is not None
-        norm = obs_norm or {}
-        self.epsilon = float(norm.get("epsilon", DEFAULT_EPSILON))
-        self.clip = float(norm.get("clip", DEFAULT_CLIP))
+        norm = getattr(actor, "obs_norm", None)
+        self.normalize = norm is not None
+        self.epsilon = float(norm.epsilon) if norm is not None else DEFAULT_EPSILON
+        self.clip = float(norm.clip) if norm is not None else DEFAULT_CLIP
         dim = actor.net[0].in_features
-        mean = torch.as_tensor(norm.get("mean", torch.zeros(dim)), dtype=torch.float32).reshape(-1)
-        var = torch.as_tensor(norm.get("var", torch.ones(dim)), dtype=torch.float32).reshape(-1)
-        if mean.numel() != dim or var.numel() != dim:
-            raise ValueError(f"obs_norm: mean and var must have {dim} entries, got {mean.numel()} and {var.numel()}")
-        self.register_buffer("obs_mean", mean)
-        self.register_buffer("obs_std", torch.sqrt(var + self.epsilon))
+        if norm is not None:  # the actor's own running statistics, baked in
+            mean, std = norm.mean.detach().clone(), norm.std().detach().clone()
+        else:
+            mean, std = torch.zeros(dim), torch.ones(dim)
+        self.register_buffer("obs_mean", mean.to(torch.float32).reshape(-1))
+        self.register_buffer("obs_std", std.to(torch.float32).reshape(-1))
         if self.discrete:
             low = high = torch.zeros(0)
         else:
@@ -101,8 +100,7 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
     if not weights:
         raise CheckpointError(f"checkpoint {checkpoint} has no actor weights (state['model'] 'actor.*')")
     actor.load_state_dict(weights)
-    obs_norm = (state.get("obs_norm") or {}).get("policy")
-    policy = DeterministicPolicy(actor, obs_norm).eval()
+    policy = DeterministicPolicy(actor).eval()
     info = {
         "env_id": config.env.id,
         "checkpoint": str(checkpoint),

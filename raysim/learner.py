@@ -25,6 +25,7 @@ import torch.distributed as dist
 from raysim.algos.guard import GuardedStep
 from raysim.algos.grpo import GRPOConfig, chunk_advantages, grpo_update
 from raysim.algos.models import ActorCritic, ModelConfig
+from raysim.algos.normalizer import combine, moments
 from raysim.algos.ppo import PPOConfig, ppo_update
 from raysim.checkpoint import load_checkpoint
 from raysim.envs.registry import export_resources
@@ -185,6 +186,7 @@ class Learner:
         last log step; with ``log`` (or a later ``metrics()`` call) they are reduced across ranks
         and copied to the host once (see ``metrics``).
         """
+        self.update_normalizers(chunks)  # before the values and advantages (model.obs_norm)
         batch = self.batch(chunks)
         if self.algo.name == "grpo":
             metrics = grpo_update(self.model.actor, self.step, batch, self.algo, self.generator, self.reference)
@@ -199,6 +201,40 @@ class Learner:
         if log:
             result.update(self.metrics())
         return result
+
+    def update_normalizers(self, chunks: tuple[RolloutChunk, ...]) -> None:
+        """Merge the chunks' valid observations into the running observation statistics (``model.obs_norm``).
+
+        The only place the statistics change: from training chunks (``obs[g][:-1][mask]``; never
+        final_obs, evaluation or the shards). The actor's normalizer takes group ``policy``, the
+        critic's its own group. With several ranks, every rank's batch statistics (count, mean,
+        var; float64) are gathered (one all-gather) and combined in rank order on every rank, so
+        all ranks hold identical statistics, those of one pass over the union of their batches.
+        """
+        norms = [(m.obs_norm, "policy" if m is self.model.actor else m.group)
+                 for m in (self.model.actor, self.model.critic) if m is not None and m.obs_norm is not None]
+        if not norms:
+            return
+        batches = []
+        for norm, group in norms:
+            rows = [d.obs[group][:-1][d.mask].flatten(1) for d in (to_device(c, self.device) for c in chunks)]
+            count, mean, var = moments(torch.cat(rows))
+            batches.append(torch.cat([count.reshape(1), mean, var]))
+        local = torch.cat(batches)
+        if self.world_size > 1:
+            parts = [torch.empty_like(local) for _ in range(self.world_size)]
+            dist.all_gather(parts, local)
+        else:
+            parts = [local]
+        offset = 0
+        for norm, _ in norms:
+            dim = norm.mean.numel()
+            merged = None
+            for part in parts:  # in rank order, in float64: the union's statistics, the same on every rank
+                stats = (part[offset], part[offset + 1 : offset + 1 + dim], part[offset + 1 + dim : offset + 1 + 2 * dim])
+                merged = stats if merged is None else combine(merged, stats)
+            norm.merge(merged)
+            offset += 1 + 2 * dim
 
     def metrics(self) -> dict[str, float]:
         """The metrics of the iterations since the last log step, reduced across ranks; resets them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ RUNS = {
     "cartpole": (None, []),
     "reach_clip": ("reach_ppo", ["env.num_envs=8", "algo.num_steps=16"]),
     "reach_squash": ("reach_ppo", ["env.num_envs=8", "algo.num_steps=16", "model.action_transform=squash"]),
+    "reach_norm": ("reach_ppo", ["env.num_envs=8", "algo.num_steps=16", "model.obs_norm=true"]),
 }
 
 
@@ -41,16 +43,17 @@ def runs(tmp_path_factory):
     return out
 
 
-def raysim_actions(run_dir: Path, obs: torch.Tensor, obs_norm: dict | None = None) -> torch.Tensor:
-    """What raysim's deterministic evaluation acts: ``env_action(deterministic(obs))`` under ``inference``."""
+def raysim_actions(run_dir: Path, obs: torch.Tensor) -> torch.Tensor:
+    """What raysim's deterministic evaluation acts: ``env_action(deterministic(obs))`` under ``inference``.
+
+    With ``model.obs_norm`` the actor normalizes by its own (loaded) running statistics.
+    """
     run_dir, checkpoint = locate_checkpoint(run_dir)
     config = raysim.load_config(run_dir / "configs" / "train.yaml")
     state, _ = load_checkpoint(checkpoint)
     env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
     actor = Actor(env.observation_spaces, env.action_space, config.model)
     actor.load_state_dict({k[6:]: v for k, v in state["model"].items() if k.startswith("actor.")})
-    if obs_norm is not None:
-        obs = torch.clamp((obs - obs_norm["mean"]) / torch.sqrt(obs_norm["var"] + 1e-8), -10.0, 10.0)
     with inference(actor):
         return actor.env_action(actor.deterministic(obs))
 
@@ -111,30 +114,34 @@ def test_torchscript_policy_in_a_process_without_raysim_equals_raysim_actions(ru
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
-def test_export_of_a_checkpoint_directory_bakes_in_observation_normalization(runs, tmp_path):
-    """``state["obs_norm"]["policy"]`` (mean, var) becomes ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``."""
-    _, checkpoint = locate_checkpoint(runs["reach_clip"])
-    state, meta = load_checkpoint(checkpoint)
-    dim = state["model"]["actor.net.0.weight"].shape[1]
-    obs_norm = {"mean": torch.linspace(-0.5, 0.5, dim), "var": torch.linspace(0.01, 4.0, dim)}
-    run = tmp_path / "run"
-    (run / "checkpoints" / "7").mkdir(parents=True)
-    (run / "configs").mkdir()
-    (run / "configs" / "train.yaml").write_text((runs["reach_clip"] / "configs" / "train.yaml").read_text())
-    (run / "configs" / "gym.yaml").write_text((runs["reach_clip"] / "configs" / "gym.yaml").read_text())
-    torch.save({**state, "obs_norm": {"policy": obs_norm}}, run / "checkpoints" / "7" / "state.pt")
-    (run / "checkpoints" / "7" / "meta.json").write_text(json.dumps(meta))
+def test_export_bakes_in_the_actors_observation_normalization(runs, tmp_path):
+    """A run trained with ``model.obs_norm=true``: the export applies the actor's running statistics,
+    ``clamp((obs - mean) / sqrt(var + 1e-8), -10, 10)``, and acts exactly as raysim does."""
+    _, checkpoint = locate_checkpoint(runs["reach_norm"])
+    state, _ = load_checkpoint(checkpoint)
+    mean, var, count = (state["model"][f"actor.obs_norm.{k}"] for k in ("mean", "var", "count"))
+    assert float(count) > 0 and not torch.equal(var, torch.ones_like(var))  # trained statistics
 
     from raysim.export import export_policy
 
-    info = export_policy(run / "checkpoints" / "7", tmp_path / "p.pt")
+    info = export_policy(runs["reach_norm"], tmp_path / "p.pt")
     assert info["normalized"]
     policy = torch.jit.load(str(tmp_path / "p.pt"))
-    obs = observations(runs["reach_clip"])
+    obs = observations(runs["reach_norm"])
     with torch.no_grad():
         got = policy(obs)
-    torch.testing.assert_close(got, raysim_actions(run, obs, obs_norm), rtol=1e-6, atol=1e-6)
-    assert not torch.equal(got, raysim_actions(run, obs))  # the normalization matters
+    assert torch.equal(got, raysim_actions(runs["reach_norm"], obs))
+    # by hand: the same network on the normalized observations; without them the actions differ
+    config = raysim.load_config(runs["reach_norm"] / "configs" / "train.yaml")
+    env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
+    plain = Actor(env.observation_spaces, env.action_space, dataclasses.replace(config.model, obs_norm=False))
+    plain.load_state_dict({k[6:]: v for k, v in state["model"].items() if k.startswith("actor.net.") or k == "actor.log_std"})
+    normalized = torch.clamp((obs - mean) / torch.sqrt(var + 1e-8), -10.0, 10.0)
+    with inference(plain):
+        torch.testing.assert_close(got, plain.env_action(plain.deterministic(normalized)), rtol=1e-6, atol=1e-6)
+        assert not torch.equal(got, plain.env_action(plain.deterministic(obs)))  # the normalization matters
+    plain_info = export_policy(runs["reach_clip"], tmp_path / "q.pt")
+    assert not plain_info["normalized"]
 
 
 @pytest.mark.parametrize("name", ["cartpole", "reach_squash"])

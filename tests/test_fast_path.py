@@ -51,10 +51,10 @@ class PlainCartPole(CartPole):
 register("test/PlainCartPole", PlainCartPole)
 
 
-def reference_chunks(num_envs, seed, weights, critic, steps, chunks, env_kwargs):
+def reference_chunks(num_envs, seed, weights, critic, steps, chunks, env_kwargs, config=None):
     """The unoptimized loop: per-step env contract, module forwards, ``torch.multinomial``."""
     env = make("test/PlainCartPole", num_envs, seed=seed, **env_kwargs)
-    actor = Actor(env.observation_spaces, env.action_space, ModelConfig())
+    actor = Actor(env.observation_spaces, env.action_space, config or ModelConfig())
     actor.load_state_dict(weights["actor"])
     generator = torch.Generator()
     generator.manual_seed(derive_seed(seed, 1))
@@ -131,6 +131,47 @@ def test_the_shards_chunks_and_values_equal_the_plain_loop(num_envs, seed, env_k
         truncations += int(chunk.truncated.sum())
     if env_kwargs:
         assert truncations > 0  # the terminal-value path was exercised
+
+
+@pytest.mark.parametrize("num_envs, seed, env_kwargs", [(7, 5, {"max_episode_steps": 20}), (300, 1, {"max_episode_steps": 25})])
+def test_with_obs_norm_the_shards_chunks_and_values_equal_the_plain_loop(num_envs, seed, env_kwargs):
+    """``model.obs_norm``: the fused paths (acting, blocked critic values) normalize exactly as the modules."""
+    steps, chunks = 40, 2
+    config = ModelConfig(obs_norm=True, obs_norm_clip=2.0)  # a small clip: clamping happens
+    shard = EnvShard("raysim/CartPole", num_envs, seed=seed, env_kwargs=env_kwargs, model=config)
+    torch.manual_seed(seed)
+    model = ActorCritic(*shard.spaces()[:2], config)
+    for norm, scale in ((model.actor.obs_norm, 0.05), (model.critic.obs_norm, 0.1)):
+        norm.update(torch.randn(500, 4) * scale + 0.01)  # non-trivial statistics
+    weights = {"version": 1, "actor": {k: v.clone() for k, v in model.actor.state_dict().items()}}
+    assert "obs_norm.mean" in weights["actor"]
+    critic = lambda x: model.critic({"policy": x}).unsqueeze(-1)  # noqa: E731 - the module forward, [B, 1]
+    expected = reference_chunks(num_envs, seed, weights, critic, steps, chunks, env_kwargs, config)
+    for rec in expected:
+        chunk = shard.rollout(weights, steps)
+        values, next_values = chunk_values(model.critic, chunk)
+        assert_equal("obs", chunk.obs["policy"], rec["obs"])
+        for name in ("actions", "logp", "reward", "terminated", "truncated", "final_t", "final_row", "values", "next_values"):
+            assert_equal(name, {"values": values, "next_values": next_values}.get(name, getattr(chunk, name, None)), rec[name])
+        assert_equal("final_obs", chunk.final_obs["policy"], rec["final_obs"])
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("rows", [1, 5, 64, 1024, 4096])
+def test_mlp_inference_with_a_normalizer_is_bitwise_the_module_forward(activation, rows):
+    from raysim.algos.normalizer import RunningNorm
+
+    torch.manual_seed(rows)
+    net = mlp(4, [64, 64], 2, activation, 0.01)
+    norm = RunningNorm(4, clip=3.0)
+    norm.update(torch.randn(300, 4) * 2 + 1)
+    x = torch.randn(rows, 4) * 5
+    with torch.no_grad():
+        expected = net(norm(x))
+        fast = MLPInference(net, norm)
+        assert torch.equal(fast(x), expected)
+        norm.update(torch.randn(50, 4))  # new statistics are seen
+        assert torch.equal(fast(x), net(norm(x)))
 
 
 @pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])

@@ -9,7 +9,9 @@ torch calls into buffers allocated once per batch size:
 - ``Tanh`` (``raysim.algos.models.Tanh``, ``2 * sigmoid(2z) - 1``): the factor 2 folded into
   ``addmm`` (``alpha = beta = 2``), ``sigmoid_``, then ``2s - 1`` in one ``add``. Scaling by 2 is
   exact in floating point, so each value is bitwise what the module computes;
-- ``ReLU``: ``relu_``; any other module is called as is.
+- ``ReLU``: ``relu_``; any other module is called as is;
+- an input normalizer (``norm``, a ``RunningNorm``: ``model.obs_norm``) first, as the module
+  does it: ``x - mean``, ``/ sqrt(var + epsilon)``, clamp, into a buffer (elementwise, so bitwise).
 
 The results are bitwise equal to ``net(x)`` (tests/test_fast_path.py checks it). The returned
 tensor is a buffer that the next call with the same batch size overwrites (copy what you keep),
@@ -23,13 +25,16 @@ import torch
 from torch import nn
 
 from raysim.algos.models import Tanh
+from raysim.algos.normalizer import RunningNorm
 
 
 class MLPInference:
     """Inference-only forward of a ``nn.Sequential`` of ``Linear`` layers and activations."""
 
-    def __init__(self, net: nn.Sequential):
+    def __init__(self, net: nn.Sequential, norm: RunningNorm | None = None):
         self.net = net
+        self.norm = norm  # its live buffers are read at every call (statistics loaded in place are seen)
+        self._norm_buffers: dict[int, torch.Tensor] = {}  # batch size -> normalized input
         self.plan = self._plan()  # views of the live parameters: load_state_dict (in place) is seen
         self._buffers: dict[int, list[torch.Tensor]] = {}  # batch size -> one output buffer per Linear
         self._minus_one = torch.tensor(-1.0)
@@ -66,6 +71,15 @@ class MLPInference:
         if buffers is None or any(b.shape[1] != w.shape[1] for b, (w, _, _) in zip(buffers, plan)):
             buffers = self._buffers[rows] = [x.new_empty((rows, w.shape[1])) for w, _, _ in plan]
         h = x
+        norm = self.norm
+        if norm is not None:
+            normalized = self._norm_buffers.get(rows)
+            if normalized is None or normalized.shape[1] != x.shape[1]:
+                normalized = self._norm_buffers[rows] = x.new_empty((rows, x.shape[1]))
+            torch.sub(x, norm.mean, out=normalized)
+            torch.div(normalized, norm.std(), out=normalized)
+            torch.clamp(normalized, -norm.clip, norm.clip, out=normalized)
+            h = normalized
         for index, ((weight_t, bias, activation), buffer) in enumerate(zip(plan, buffers)):
             target = out if out is not None and index == len(plan) - 1 and activation is None else buffer
             if isinstance(activation, Tanh):

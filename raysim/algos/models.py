@@ -1,5 +1,8 @@
 """MLP actor-critic: a Categorical or Gaussian actor on the ``policy`` group, a critic on ``critic``.
 
+With ``obs_norm`` each network normalizes its input group by running statistics
+(``raysim.algos.normalizer.RunningNorm``, submodule ``obs_norm``), updated by the learner only.
+
 The shards hold only the ``Actor``; the learner holds the whole ``ActorCritic``. Both are built
 from the env's spaces and one ``ModelConfig``, so a shard's actor loads the learner's actor weights.
 
@@ -18,6 +21,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from raysim.algos.normalizer import RunningNorm
 
 
 class Tanh(nn.Module):
@@ -45,6 +49,8 @@ class ModelConfig:
     action_transform: str = "clip"  # clip | squash
     init_log_std: float = 0.0
     critic: bool = True  # GRPO trains without one
+    obs_norm: bool = False  # running mean/var normalization of the actor's and critic's inputs
+    obs_norm_clip: float = 10.0  # normalized observations are clipped to [-clip, clip]
 
 
 def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_gain: float = 1.0) -> nn.Sequential:
@@ -78,7 +84,11 @@ class Actor(nn.Module):
         if not self.discrete and not isinstance(action_space, gym.spaces.Box):
             raise ValueError(f"action space {action_space} is not supported (Discrete or Box)")
         out_dim = int(action_space.n) if self.discrete else _flat_dim(action_space)
-        self.net = mlp(_flat_dim(observation_spaces["policy"]), config.hidden_sizes, out_dim, config.activation, 0.01)
+        in_dim = _flat_dim(observation_spaces["policy"])
+        # the policy group's running statistics (model.obs_norm): in the actor's state_dict, so
+        # the shards receive them with the weights
+        self.obs_norm = RunningNorm(in_dim, config.obs_norm_clip) if config.obs_norm else None
+        self.net = mlp(in_dim, config.hidden_sizes, out_dim, config.activation, 0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
             low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
@@ -91,7 +101,8 @@ class Actor(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Logits (discrete) or the Gaussian mean (continuous)."""
-        return self.net(obs.flatten(1))
+        x = obs.flatten(1)
+        return self.net(x if self.obs_norm is None else self.obs_norm(x))
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A sampled action and its log-probability, without building distribution objects."""
@@ -150,11 +161,14 @@ class Critic(nn.Module):
     def __init__(self, observation_spaces: dict[str, gym.Space], config: ModelConfig):
         super().__init__()
         self.group = "critic" if "critic" in observation_spaces else "policy"
-        self.net = mlp(_flat_dim(observation_spaces[self.group]), config.hidden_sizes, 1, config.activation, 1.0)
+        in_dim = _flat_dim(observation_spaces[self.group])
+        self.obs_norm = RunningNorm(in_dim, config.obs_norm_clip) if config.obs_norm else None
+        self.net = mlp(in_dim, config.hidden_sizes, 1, config.activation, 1.0)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Values [B] of a batch of observation groups."""
-        return self.net(obs[self.group].flatten(1)).squeeze(-1)
+        x = obs[self.group].flatten(1)
+        return self.net(x if self.obs_norm is None else self.obs_norm(x)).squeeze(-1)
 
 
 class ActorCritic(nn.Module):

@@ -52,7 +52,7 @@ def critic_values(critic: Critic, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return critic(obs)
     x = obs[critic.group].flatten(1)
     values = x.new_empty(x.shape[0], 1)
-    net = MLPInference(critic.net)
+    net = MLPInference(critic.net, critic.obs_norm)  # the critic's input normalization too (model.obs_norm)
     starts = list(range(0, x.shape[0], VALUE_BLOCK))
     if len(starts) > 1 and x.shape[0] - starts[-1] < VALUE_BLOCK:
         starts.pop()  # no small last block: the matmul kernel for a few rows may round differently

@@ -209,7 +209,7 @@ class EnvShard:
         acting = self._acting
         if acting is None or acting[0].net is not self.actor.net or acting[1].shape[0] != policy_obs.shape[0]:
             rows, width = policy_obs.shape[0], self.actor.net[-1].out_features
-            acting = self._acting = (MLPInference(self.actor.net), torch.empty(rows, width), torch.empty(rows, width))
+            acting = self._acting = (MLPInference(self.actor.net, self.actor.obs_norm), torch.empty(rows, width), torch.empty(rows, width))
         net, probs, noise = acting
         log_probs = net(policy_obs if policy_obs.dim() == 2 else policy_obs.flatten(1)).log_softmax(-1)
         torch.exp(log_probs, out=probs)
