@@ -27,6 +27,7 @@ from raysim.algos.grpo import GRPOConfig, chunk_advantages, grpo_update
 from raysim.algos.models import ActorCritic, ModelConfig
 from raysim.algos.normalizer import combine, moments
 from raysim.algos.ppo import PPOConfig, ppo_update
+from raysim.algos.reward_scale import RewardScale
 from raysim.checkpoint import load_checkpoint
 from raysim.envs.registry import export_resources
 from raysim.rollout.advantages import chunk_values, gae
@@ -75,6 +76,7 @@ class Learner:
         if self.needs_values and self.model.critic is None:
             raise ValueError(f"algo {algo.name!r} needs a critic, but model.critic is false")
         self.reference = None  # GRPO's KL reference: the initial actor, frozen
+        self.reward_scale = RewardScale(algo.gamma) if getattr(algo, "reward_scale", False) else None
         if algo.name == "grpo" and algo.kl_coef > 0:
             self.reference = copy.deepcopy(self.model.actor).requires_grad_(False).eval()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=algo.lr, eps=1e-5)
@@ -160,6 +162,8 @@ class Learner:
         self.version = int(state["version"])
         if self.reference is not None and "reference" in state:
             self.reference.load_state_dict(state["reference"])
+        if self.reward_scale is not None and "reward_scale" in state:
+            self.reward_scale.load_state_dict(state["reward_scale"])
 
     def get_weights(self) -> dict[str, Any]:
         """The actor's weights for the shards: ``{"version": v, "actor": state_dict on CPU}``."""
@@ -175,6 +179,7 @@ class Learner:
             "generator": self.generator.get_state(),
             "version": self.version,
             **({"reference": self.reference.state_dict()} if self.reference is not None else {}),
+            **({"reward_scale": self.reward_scale.state_dict()} if self.reward_scale is not None else {}),
         }
 
     def update(self, *chunks: RolloutChunk, log: bool = True) -> dict[str, float]:
@@ -187,6 +192,7 @@ class Learner:
         and copied to the host once (see ``metrics``).
         """
         self.update_normalizers(chunks)  # before the values and advantages (model.obs_norm)
+        self.update_reward_scale(chunks)  # likewise (algo.reward_scale)
         batch = self.batch(chunks)
         if self.algo.name == "grpo":
             metrics = grpo_update(self.model.actor, self.step, batch, self.algo, self.generator, self.reference)
@@ -201,6 +207,24 @@ class Learner:
         if log:
             result.update(self.metrics())
         return result
+
+    def update_reward_scale(self, chunks: tuple[RolloutChunk, ...]) -> None:
+        """Merge the chunks' discounted returns into the running return statistics (``algo.reward_scale``).
+
+        Every rank's batch moments are gathered and combined in rank order, as for the observations.
+        """
+        if self.reward_scale is None:
+            return
+        batch = (torch.zeros((), dtype=torch.float64), torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+        for chunk in chunks:
+            batch = combine(batch, self.reward_scale.batch_moments(chunk))
+        local = torch.cat([batch[0].reshape(1), batch[1], batch[2]]).to(self.device)
+        parts = [local]
+        if self.world_size > 1:
+            parts = [torch.empty_like(local) for _ in range(self.world_size)]
+            dist.all_gather(parts, local)
+        for part in parts:
+            self.reward_scale.norm.merge((part[0].cpu(), part[1:2].cpu(), part[2:3].cpu()))
 
     def update_normalizers(self, chunks: tuple[RolloutChunk, ...]) -> None:
         """Merge the chunks' valid observations into the running observation statistics (``model.obs_norm``).
@@ -280,7 +304,8 @@ class Learner:
             if self.needs_values:
                 values, next_values = chunk_values(self.model.critic, chunk)
                 done = chunk.terminated | chunk.truncated
-                advantages = gae(chunk.reward, values, next_values, done, valid, self.algo.gamma, self.algo.gae_lambda)
+                reward = chunk.reward if self.reward_scale is None else self.reward_scale.scale(chunk.reward)
+                advantages = gae(reward, values, next_values, done, valid, self.algo.gamma, self.algo.gae_lambda)
                 part.update(returns=(advantages + values)[valid], values=values[valid])
             else:  # GRPO: group-relative returns, no critic anywhere
                 advantages = chunk_advantages(chunk, self.algo)

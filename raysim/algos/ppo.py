@@ -36,6 +36,7 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     target_kl: float | None = None  # stop the epochs early once approx_kl exceeds it
     max_nonfinite_updates: int = 3  # consecutive skipped minibatches before training stops
+    reward_scale: bool = False  # divide rewards by the running std of the discounted return (VecNormalize)
 
 
 def clipped_objective(logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:

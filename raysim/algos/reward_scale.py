@@ -1,0 +1,50 @@
+"""``RewardScale``: rewards divided by the running standard deviation of the discounted return.
+
+As Stable-Baselines3's ``VecNormalize(norm_reward=True)`` and CleanRL's ``NormalizeReward``: each
+row keeps a discounted return ``G = gamma * G + r`` (reset at its episode ends), the running
+variance of ``G`` over the valid transitions of the training chunks is tracked, and the learner
+computes advantages from ``clamp(r / sqrt(var + eps), -clip, clip)``. The chunk's reward itself
+(what is logged) is never modified. Each shard's rows have their own accumulators, carried from
+one chunk to the next (by the chunk's shard index) and saved in checkpoints.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raysim.algos.normalizer import RunningNorm, moments
+from raysim.rollout.chunk import RolloutChunk
+
+
+class RewardScale:
+    """Running return statistics and per-shard return accumulators."""
+
+    def __init__(self, gamma: float, clip: float = 10.0):
+        self.gamma = gamma
+        self.norm = RunningNorm(1, clip=clip)
+        self.returns: dict[int, torch.Tensor] = {}  # shard index -> [N] discounted return so far
+
+    def batch_moments(self, chunk: RolloutChunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Advance the chunk's shard's accumulators through the chunk; the moments of its valid returns."""
+        returns = self.returns.get(chunk.shard, torch.zeros(chunk.num_envs, dtype=torch.float64))
+        done = chunk.terminated | chunk.truncated
+        seen = []
+        for t in range(chunk.num_steps):
+            valid = chunk.mask[t].cpu()
+            returns = torch.where(valid, returns * self.gamma + chunk.reward[t].cpu().double(), 0.0)
+            seen.append(returns[valid])
+            returns = torch.where(done[t].cpu(), 0.0, returns)
+        self.returns[chunk.shard] = returns
+        return moments(torch.cat(seen).unsqueeze(1))
+
+    def scale(self, reward: torch.Tensor) -> torch.Tensor:
+        """The reward the advantages are computed from (a new tensor)."""
+        std = self.norm.std().to(reward.device, reward.dtype)
+        return torch.clamp(reward / std, -self.norm.clip, self.norm.clip)
+
+    def state_dict(self) -> dict:
+        return {"norm": self.norm.state_dict(), "returns": {str(k): v.clone() for k, v in self.returns.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.norm.load_state_dict(state["norm"])
+        self.returns = {int(k): v.clone() for k, v in state["returns"].items()}

@@ -1,0 +1,79 @@
+"""Reward scaling by the running std of the discounted return (``algo.reward_scale``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import raysim
+from raysim.algos.models import ModelConfig
+from raysim.algos.ppo import PPOConfig
+from raysim.checkpoint import load_latest
+from raysim.learner import Learner
+from raysim.rollout.advantages import chunk_values, gae
+from raysim.rollout.shard import EnvShard
+
+
+def reference_returns(chunks, gamma):
+    """A slow loop: every valid transition's discounted return, per shard and row, across chunks."""
+    running, seen = {}, []
+    for chunk in chunks:
+        for n in range(chunk.num_envs):
+            g = running.get((chunk.shard, n), 0.0)
+            for t in range(chunk.num_steps):
+                if not chunk.mask[t, n]:
+                    g = 0.0
+                    continue
+                g = g * gamma + float(chunk.reward[t, n])
+                seen.append(g)
+                if chunk.terminated[t, n] or chunk.truncated[t, n]:
+                    g = 0.0
+            running[(chunk.shard, n)] = g
+    return np.array(seen)
+
+
+def test_return_statistics_follow_the_discounted_returns_and_the_logged_reward_is_untouched():
+    shards = [EnvShard("raysim/CartPole", 4, seed=s, shard_index=s, env_kwargs={"max_episode_steps": 30}) for s in (0, 1)]
+    algo = PPOConfig(reward_scale=True, gamma=0.9, num_minibatches=2, update_epochs=1)
+    learner = Learner(*shards[0].spaces()[:2], ModelConfig(), algo, 10, seed=0)
+    chunks = []
+    for _ in range(3):
+        weights = learner.get_weights()
+        new = [s.rollout(weights, 16) for s in shards]
+        rewards = [c.reward.clone() for c in new]
+        learner.update(*new)
+        assert all(torch.equal(c.reward, r) for c, r in zip(new, rewards))
+        chunks += new
+    expected = reference_returns(sorted(chunks, key=lambda c: c.shard), 0.9)
+    norm = learner.reward_scale.norm
+    assert int(norm.count) == expected.size
+    assert abs(float(norm.mean) - expected.mean()) < 1e-5
+    assert abs(float(norm.var) - expected.var()) < 1e-4 * max(1.0, expected.var())
+
+
+def test_advantages_are_computed_from_the_scaled_reward():
+    shard = EnvShard("raysim/CartPole", 4, seed=0)
+    algo = PPOConfig(reward_scale=True, num_minibatches=2, update_epochs=1)
+    learner = Learner(*shard.spaces()[:2], ModelConfig(), algo, 10, seed=0)
+    learner.update(shard.rollout(learner.get_weights(), 16))
+    chunk = shard.rollout(learner.get_weights(), 16)
+    learner.update_reward_scale((chunk,))
+    std = float(learner.reward_scale.norm.std())
+    batch = learner.batch((chunk,))
+    values, next_values = chunk_values(learner.model.critic, chunk)
+    expected = gae(chunk.reward / std, values, next_values, chunk.terminated | chunk.truncated, chunk.mask,
+                   algo.gamma, algo.gae_lambda)
+    assert torch.allclose(batch["advantages"], expected[chunk.mask], atol=1e-6)
+    assert std != 1.0
+
+
+def test_a_run_with_reward_scaling_resumes_exactly(tmp_path):
+    overrides = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=1",
+                 "algo.reward_scale=true", "train.total_steps=1024", "eval.episodes=0", "train.sinks=[]"]
+    raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()
+    raysim.Trainer(raysim.load_config(None, [*overrides, "train.stop_after=4", f"run_dir={tmp_path / 'b'}"])).train()
+    raysim.Trainer.from_run_dir(tmp_path / "b").train()
+    (_, a, _), (_, b, _) = load_latest(tmp_path / "a"), load_latest(tmp_path / "b")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert torch.equal(a["reward_scale"]["norm"]["var"], b["reward_scale"]["norm"]["var"])
+    assert int(a["reward_scale"]["norm"]["count"]) == 8 * 4 * 32
