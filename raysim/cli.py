@@ -26,11 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a policy", description=TRAIN_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("config", nargs="?", help="YAML config file or packaged config name (default: cartpole_ppo)")
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value, e.g. --set algo.lr=1e-3 (repeatable)")
     train.add_argument("--run-dir", help="where to write the run (default: runs/<name>)")
-    train.add_argument("--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded local Ray)")
-    train.add_argument("--local", action="store_true", help="run every role in this process, without Ray")
+    add_run_options(train)
 
     resume = commands.add_parser(
         "resume", help="continue a run from its newest intact checkpoint",
@@ -40,11 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkpoint's is refused, listing every differing key.")
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument("--config", help="config to resume with (default: RUN_DIR/configs/train.yaml)")
-    resume.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value (repeatable)")
     resume.add_argument("--force", action="store_true", help="resume even though the env differs (loud warning)")
-    resume.add_argument("--address", help="Ray cluster to attach to")
-    resume.add_argument("--local", action="store_true", help="run every role in this process, without Ray")
+    add_run_options(resume)
 
     evaluate = commands.add_parser(
         "eval", help="evaluate a trained policy",
@@ -85,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="collect: rollout collection latency against peers; solve: PPO time to solve CartPole")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     return parser
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """--set, --address and --local: the options of every command that trains."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set algo.lr=1e-3 (repeatable)")
+    parser.add_argument("--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded local Ray)")
+    parser.add_argument("--local", action="store_true", help="run every role in this process, without Ray")
 
 
 def main(argv: list[str] | None = None) -> int:

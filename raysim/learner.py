@@ -124,6 +124,14 @@ class Learner:
         if failed:
             raise RankError(f"{what} failed on " + "; ".join(failed))
 
+    def gather(self, local: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``local`` (same shape on all ranks), in rank order: one all-gather."""
+        if self.world_size == 1:
+            return [local]
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local)
+        return parts
+
     # -- run snapshots and checkpoints --------------------------------------------------------
 
     def export_env(self, env: dict[str, Any], resources: str) -> dict[str, Any]:
@@ -219,11 +227,7 @@ class Learner:
         for chunk in chunks:
             batch = combine(batch, self.reward_scale.batch_moments(chunk))
         local = torch.cat([batch[0].reshape(1), batch[1], batch[2]]).to(self.device)
-        parts = [local]
-        if self.world_size > 1:
-            parts = [torch.empty_like(local) for _ in range(self.world_size)]
-            dist.all_gather(parts, local)
-        for part in parts:
+        for part in self.gather(local):  # in rank order: the same statistics on every rank
             self.reward_scale.norm.merge((part[0].cpu(), part[1:2].cpu(), part[2:3].cpu()))
 
     def update_normalizers(self, chunks: tuple[RolloutChunk, ...]) -> None:
@@ -244,12 +248,7 @@ class Learner:
             rows = [d.obs[group][:-1][d.mask].flatten(1) for d in (to_device(c, self.device) for c in chunks)]
             count, mean, var = moments(torch.cat(rows))
             batches.append(torch.cat([count.reshape(1), mean, var]))
-        local = torch.cat(batches)
-        if self.world_size > 1:
-            parts = [torch.empty_like(local) for _ in range(self.world_size)]
-            dist.all_gather(parts, local)
-        else:
-            parts = [local]
+        parts = self.gather(torch.cat(batches))
         offset = 0
         for norm, _ in norms:
             dim = norm.mean.numel()
@@ -270,12 +269,7 @@ class Learner:
         """
         names, vector = self.window.vector(self.device)
         self.window = MetricWindow()
-        if self.world_size > 1:
-            parts = [torch.empty_like(vector) for _ in range(self.world_size)]
-            dist.all_gather(parts, vector)
-            gathered = torch.stack(parts)
-        else:
-            gathered = vector.unsqueeze(0)
+        gathered = torch.stack(self.gather(vector))
         if self.rank != 0:
             return {}
         reduced = torch.cat([

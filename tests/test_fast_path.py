@@ -106,6 +106,15 @@ def assert_equal(name, got, expected):
     assert torch.equal(got, expected), (name, (got.double() - expected.double()).abs().max())
 
 
+def assert_chunk_equals(chunk, critic, rec: dict) -> None:
+    """The shard's chunk and its values equal the reference loop's record, tensor by tensor."""
+    values, next_values = chunk_values(critic, chunk)
+    assert_equal("obs", chunk.obs["policy"], rec["obs"])
+    for name in ("actions", "logp", "reward", "terminated", "truncated", "final_t", "final_row", "values", "next_values"):
+        assert_equal(name, {"values": values, "next_values": next_values}.get(name, getattr(chunk, name, None)), rec[name])
+    assert_equal("final_obs", chunk.final_obs["policy"], rec["final_obs"])
+
+
 @pytest.mark.parametrize(
     "num_envs, seed, env_kwargs",
     [(1, 3, {}), (7, 5, {"max_episode_steps": 20}), (64, 42, {}), (300, 1, {"max_episode_steps": 25})],
@@ -120,11 +129,7 @@ def test_the_shards_chunks_and_values_equal_the_plain_loop(num_envs, seed, env_k
     truncations = 0
     for rec in expected:
         chunk = shard.rollout(weights, steps)
-        values, next_values = chunk_values(model.critic, chunk)
-        assert_equal("obs", chunk.obs["policy"], rec["obs"])
-        for name in ("actions", "logp", "reward", "terminated", "truncated", "final_t", "final_row", "values", "next_values"):
-            assert_equal(name, {"values": values, "next_values": next_values}.get(name, getattr(chunk, name, None)), rec[name])
-        assert_equal("final_obs", chunk.final_obs["policy"], rec["final_obs"])
+        assert_chunk_equals(chunk, model.critic, rec)
         assert_equal("return", chunk.episodes["return"], rec["return"])
         assert_equal("length", chunk.episodes["length"], rec["length"])
         assert bool(chunk.mask.all())
@@ -149,11 +154,7 @@ def test_with_obs_norm_the_shards_chunks_and_values_equal_the_plain_loop(num_env
     expected = reference_chunks(num_envs, seed, weights, critic, steps, chunks, env_kwargs, config)
     for rec in expected:
         chunk = shard.rollout(weights, steps)
-        values, next_values = chunk_values(model.critic, chunk)
-        assert_equal("obs", chunk.obs["policy"], rec["obs"])
-        for name in ("actions", "logp", "reward", "terminated", "truncated", "final_t", "final_row", "values", "next_values"):
-            assert_equal(name, {"values": values, "next_values": next_values}.get(name, getattr(chunk, name, None)), rec[name])
-        assert_equal("final_obs", chunk.final_obs["policy"], rec["final_obs"])
+        assert_chunk_equals(chunk, model.critic, rec)
 
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
