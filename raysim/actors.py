@@ -36,9 +36,6 @@ class Backend:
         """The result of a ``call`` (or a list of them)."""
         raise NotImplementedError
 
-    def wait(self, futures: list[Any]) -> None:
-        """Block until every future is ready, without fetching its value here (local: nothing to wait for)."""
-
     def kill(self, handle: Handle) -> None:
         """Stop the role's process, if it has one."""
 
@@ -104,11 +101,6 @@ class RayBackend(Backend):
 
     def get(self, value: Any) -> Any:
         return self.ray.get(value)
-
-    def wait(self, futures: list[Any]) -> None:
-        """Until every ref is ready; ``fetch_local=False``: the data stays where it is (never the driver)."""
-        if futures:
-            self.ray.wait(list(futures), num_returns=len(futures), fetch_local=False)
 
     def kill(self, handle: Handle) -> None:
         self.ray.kill(handle.actor)

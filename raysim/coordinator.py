@@ -144,7 +144,7 @@ class Trainer:
                     try:
                         chunks = self._collect(backend, roles, weights)  # futures; dead shards replaced
                         t_collected = time.perf_counter()
-                        result = roles.learner.finish_update(roles.learner.start_update(chunks, log))
+                        result = roles.learner.update(chunks, log)
                     except Exception as error:  # a learner rank died: restart from the newest checkpoint
                         if not (isinstance(error, LearnerLost) or backend.is_actor_failure(error)):
                             raise

@@ -40,17 +40,10 @@ class LearnerGroup:
     def update(self, chunks: list[Any], log: bool = True) -> dict[str, float]:
         """One update on all ranks; rank ``r`` takes ``chunks[r::R]``.
 
-        Returns the counters (``env_steps`` summed over the ranks) and, with ``log``, the metrics
-        since the last log step, already reduced across the ranks (see ``Learner.metrics``).
+        Returns rank 0's counters (``env_steps`` summed over the ranks) and, with ``log``, the
+        metrics since the last log step, already reduced across the ranks (see ``Learner.metrics``).
         """
-        return self.finish_update(self.start_update(chunks, log))
-
-    def start_update(self, chunks: list[Any], log: bool = True) -> list[Any]:
-        """Submit ``update`` on every rank (Ray: returns at once; local: runs it); see ``finish_update``."""
-        return [h.call("update", *chunks[r :: self.ranks], log=log) for r, h in enumerate(self.handles)]
-
-    def finish_update(self, calls: list[Any]) -> dict[str, float]:
-        """The result of ``start_update``: rank 0's metrics, ``env_steps`` summed over the ranks."""
+        calls = [h.call("update", *chunks[r :: self.ranks], log=log) for r, h in enumerate(self.handles)]
         results = self.backend.get(calls)
         return {**results[0], "env_steps": sum(r["env_steps"] for r in results)}
 

@@ -140,23 +140,6 @@ def test_two_learner_ranks_log_the_mean_over_both_ranks_data(ray_session):
     assert math.isfinite(metrics["pg_loss"]) and math.isfinite(metrics["v_loss"])
 
 
-def test_ray_backend_waits_for_refs_without_fetching_them(ray_session, monkeypatch):
-    from raysim.actors import LocalBackend, RayBackend
-
-    seen = []
-    real = ray_session.wait
-
-    def spy(refs, **kwargs):
-        seen.append(kwargs)
-        return real(refs, **kwargs)
-
-    monkeypatch.setattr(ray_session, "wait", spy)
-    refs = [ray_session.put(i) for i in range(3)]
-    RayBackend().wait(refs)
-    assert seen == [{"num_returns": 3, "fetch_local": False}]
-    assert LocalBackend().wait([1, 2]) is None
-
-
 def test_a_resumed_run_continues_the_same_parquet_file_with_the_same_schema(tmp_path):
     common = ("train.log_every=1", "eval.every=2")
     first = train(tmp_path, *common, "train.stop_after=4", "train.sinks=[parquet]", name="resumed")

@@ -6,7 +6,6 @@ import copy
 import threading
 
 import numpy as np
-import pytest
 import torch
 
 import raysim

@@ -20,7 +20,7 @@ import torch
 from raysim.algos.fast import MLPInference
 from raysim.algos.models import Actor, ModelConfig, sample_categorical
 from raysim.envs import make
-from raysim.envs.contract import Obs, Step
+from raysim.envs.contract import Step
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.episodes import run_episodes
 from raysim.rollout.groups import rollout_groups
