@@ -1,8 +1,8 @@
 """raysim: Ray-based rollout collection and PPO / GRPO training for batched environments."""
 
 from raysim.config import Config, load_config
-from raysim.coordinator import Summary, Trainer
-from raysim.evaluation import EvalReport, evaluate
+from raysim.coordinator import Summary, Trainer, evaluate
+from raysim.evaluation import EvalReport
 
 __version__ = "0.1.0"
 __all__ = ["Config", "EvalReport", "Summary", "Trainer", "evaluate", "load_config"]

@@ -1,9 +1,10 @@
 """Where roles become Ray actors, or stay in-process: the one place that makes and calls them.
 
-The coordinator writes its loop once against ``Backend``::
+The coordinator writes its loop once against ``Backend``, calling methods by reference (a typo is
+an ``AttributeError`` at import, and a type checker sees the arguments)::
 
     shard = backend.create(EnvShard, env_id, num_envs, seed=1, options={"num_cpus": 1})
-    ref = shard.call("rollout", weights, T)     # Ray: an ObjectRef; local: the value
+    ref = shard.call(EnvShard.rollout, weights, FixedSteps(T))   # Ray: an ObjectRef; local: the value
     chunk = backend.get(ref)
 
 ``RayBackend`` applies ``ray.remote`` to the plain class; ``LocalBackend`` calls it directly
@@ -12,16 +13,26 @@ The coordinator writes its loop once against ``Backend``::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def method_name(method: Callable) -> str:
+    """The name of a role's method, given as the function itself (``EnvShard.rollout``), never a string."""
+    if isinstance(method, str) or not callable(method):
+        raise TypeError(f"call a role's method by reference (e.g. EnvShard.rollout), got {method!r}")
+    return method.__name__
 
 
 class Handle:
-    """A role instance: ``call(method, *args)`` returns a future (Ray) or the result (local)."""
+    """A role instance: ``call(Class.method, *args)`` returns a future (Ray) or the result (local)."""
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> Any:
         raise NotImplementedError
 
-    def call_pair(self, method: str, *args: Any) -> tuple[Any, Any]:
+    def call_pair(self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> tuple[Any, Any]:
         """Call a method that returns a pair, as two futures (Ray: two objects, fetched separately)."""
         raise NotImplementedError
 
@@ -36,8 +47,22 @@ class Backend:
         """The result of a ``call`` (or a list of them)."""
         raise NotImplementedError
 
+    def put(self, value: Any) -> Any:
+        """``value`` where every role can read it (Ray: one object in the object store, passed by ref)."""
+        return value
+
     def kill(self, handle: Handle) -> None:
         """Stop the role's process, if it has one."""
+
+    def alive(self, handle: Handle, probe: Callable[[Any], Any]) -> bool:
+        """Whether the role's process still answers a cheap call of its method ``probe``."""
+        try:
+            self.get(handle.call(probe))
+            return True
+        except Exception as error:
+            if self.is_actor_failure(error):
+                return False
+            raise
 
     def is_actor_failure(self, error: BaseException) -> bool:
         """True when ``error`` says the role's process died (the role can be replaced)."""
@@ -55,11 +80,11 @@ class _LocalHandle(Handle):
     def __init__(self, instance: Any):
         self.instance = instance
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.instance, method)(*args, **kwargs)
+    def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.instance, method_name(method))(*args, **kwargs)
 
-    def call_pair(self, method: str, *args: Any) -> tuple[Any, Any]:
-        return getattr(self.instance, method)(*args)
+    def call_pair(self, method: Callable, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        return getattr(self.instance, method_name(method))(*args, **kwargs)
 
 
 class LocalBackend(Backend):
@@ -78,11 +103,11 @@ class _RayHandle(Handle):
     def __init__(self, actor: Any):
         self.actor = actor
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.actor, method).remote(*args, **kwargs)
+    def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.actor, method_name(method)).remote(*args, **kwargs)
 
-    def call_pair(self, method: str, *args: Any) -> tuple[Any, Any]:
-        return tuple(getattr(self.actor, method).options(num_returns=2).remote(*args))
+    def call_pair(self, method: Callable, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        return tuple(getattr(self.actor, method_name(method)).options(num_returns=2).remote(*args, **kwargs))
 
 
 class RayBackend(Backend):
@@ -101,6 +126,9 @@ class RayBackend(Backend):
 
     def get(self, value: Any) -> Any:
         return self.ray.get(value)
+
+    def put(self, value: Any) -> Any:
+        return self.ray.put(value)
 
     def kill(self, handle: Handle) -> None:
         self.ray.kill(handle.actor)

@@ -173,7 +173,8 @@ def report(summary) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from raysim.evaluation import evaluate as run_evaluation, format_report
+    from raysim.coordinator import evaluate as run_evaluation
+    from raysim.evaluation import format_report
 
     report = run_evaluation(
         args.path, episodes=args.episodes, seed=args.seed, shards=args.shards, envs_per_shard=args.envs_per_shard,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,33 +17,16 @@ from typing import Any
 
 import yaml
 
-from raysim.algos.models import ModelConfig
-from raysim.algos.grpo import GRPOConfig
+from raysim.algos import algorithm_class
 from raysim.algos.ppo import PPOConfig
+from raysim.composition import ConfigError, expand, read_yaml, safe_load
+from raysim.models import ModelConfig
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "cartpole_ppo.yaml"
+SINKS = ("console", "parquet", "tensorboard")  # the names train.sinks may list (raysim.metrics makes them)
 
-
-ALGOS = {"ppo": PPOConfig, "grpo": GRPOConfig}  # algo.name -> its config class
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used, with the key and the file it came from."""
-
-
-class _Loader(yaml.SafeLoader):
-    """The safe loader, also reading ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3``, PyYAML a str)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
-)
-
-
-def safe_load(text: str) -> Any:
-    """YAML through raysim's safe loader (no Python objects; ``1e-3`` is a float)."""
-    return yaml.load(text, Loader=_Loader)
+__all__ = ["Config", "ConfigError", "load_config"]
 
 
 @dataclass
@@ -88,7 +70,7 @@ class TrainConfig:
     total_steps: int = 100_000  # env steps, summed over shards
     log_every: int = 1  # iterations between progress lines
     stop_after: int | None = None  # stop this process after this many iterations (resume continues)
-    sinks: list[str] = field(default_factory=lambda: ["console", "parquet", "tensorboard"])  # metrics sinks
+    sinks: list[str] = field(default_factory=lambda: list(SINKS))  # metrics sinks
 
 
 @dataclass
@@ -125,7 +107,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algo: PPOConfig | GRPOConfig = field(default_factory=PPOConfig)  # by algo.name, see ALGOS
+    algo: Any = field(default_factory=PPOConfig)  # the Config dataclass of algo.name's algorithm (raysim.algos)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -153,16 +135,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     ``include:`` and ``env: {component: ...}`` references are expanded first (see composition.py).
     """
-    from raysim.composition import read_yaml
-
     file = resolve_config_path(path).resolve()
     return config_from_data(read_yaml(file) or {}, file, overrides)
 
 
 def config_from_data(data: Any, file: Path, overrides: list[str] | None = None) -> Config:
     """A ``Config`` from the raw YAML data of ``file``: expanded, overridden, checked."""
-    from raysim.composition import expand
-
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of keys, got {type(data).__name__}")
     data = expand(data, file.parent)
@@ -179,8 +157,6 @@ def load_resume_config(run_dir: Path, path: str | Path | None, overrides: list[s
     An env config (a file with an ``id`` and no ``env`` section, such as the run's own
     ``configs/gym.yaml``) replaces the env of the run's snapshot; its row counts stay.
     """
-    from raysim.composition import read_yaml
-
     snapshot = run_dir / "configs" / "train.yaml"
     if path is None:
         return load_config(snapshot, overrides)
@@ -194,9 +170,7 @@ def load_resume_config(run_dir: Path, path: str | Path | None, overrides: list[s
 
 
 def check_config(config: Config, where: str = "config") -> None:
-    """Checks across sections: GRPO's group size against the rows per shard; learner ranks."""
-    from raysim.metrics import SINKS
-
+    """Checks across sections: the algorithm's own (e.g. GRPO's group size against the rows per shard); ranks."""
     unknown = [s for s in config.train.sinks if s not in SINKS]
     if unknown:
         raise ConfigError(f"{where}: train.sinks: unknown sink(s) {unknown}; valid: {list(SINKS)}")
@@ -207,13 +181,10 @@ def check_config(config: Config, where: str = "config") -> None:
         raise ConfigError(f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}")
     if ranks > 1 and getattr(config.algo, "target_kl", None) is not None:
         raise ConfigError(f"{where}: algo.target_kl is not supported with learner.ranks > 1 (the ranks must stop together)")
-    algo = config.algo
-    if algo.name == "grpo":
-        size, rows = algo.group_size, config.env.num_envs
-        if not isinstance(size, int) or size < 2 or rows % size:
-            raise ConfigError(
-                f"{where}: algo.group_size must be an integer >= 2 that divides env.num_envs ({rows}), got {size!r}"
-            )
+    try:
+        algorithm_class(config.algo.name).check(config.algo, config.env.num_envs)
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from error
 
 
 def apply_override(data: dict, item: str) -> None:
@@ -242,14 +213,16 @@ def from_dict(cls: type, data: Any, where: str, prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     values = {}
-    if cls is Config:  # the algo section's class depends on algo.name; GRPO's model has no critic by default
+    if cls is Config:  # the algo section's class depends on algo.name; a critic-free algorithm's model has none
         algo = data.get("algo") or {}
         name = algo.get("name", "ppo") if isinstance(algo, dict) else "ppo"
-        if name not in ALGOS:
-            raise ConfigError(f"{where}: algo.name must be one of {sorted(ALGOS)}, got {name!r}")
-        hints = {**hints, "algo": ALGOS[name]}
+        try:
+            algorithm = algorithm_class(name)
+        except ValueError as error:
+            raise ConfigError(f"{where}: {error}") from error
+        hints = {**hints, "algo": algorithm.Config}
         model = data.get("model") or {}
-        if name == "grpo" and isinstance(model, dict) and "critic" not in model:
+        if not algorithm.uses_critic and isinstance(model, dict) and "critic" not in model:
             data = {**data, "model": {**model, "critic": False}}
     for key, value in data.items():
         dotted = f"{prefix}{key}"

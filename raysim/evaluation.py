@@ -10,7 +10,6 @@ return and length statistics over the completed episodes.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,9 @@ from statistics import NormalDist
 from typing import Callable
 
 from raysim.actors import Backend, Handle
+from raysim.config import EvalConfig
+from raysim.rollout import EnvShard, EvalEpisodes
+from raysim.storage import write_parquet
 
 
 def quotas(episodes: int, rows: int) -> list[int]:
@@ -111,6 +113,14 @@ class EvalSpec:
     balanced: bool = True  # False: plain "first n to finish" (biased toward short episodes)
     confidence: float = 0.95
 
+    @classmethod
+    def of(cls, config: EvalConfig, max_episode_steps: int | None) -> "EvalSpec":
+        """The evaluation ``config`` asks for; the default step budget covers every quota at the episode limit."""
+        rows = max(1, config.shards * config.num_envs)
+        per_row = math.ceil(config.episodes / rows) if config.balanced else config.episodes
+        max_steps = config.max_steps or per_row * (max_episode_steps or 1000)
+        return cls(config.episodes, config.seed, max_steps, config.deterministic, config.balanced, config.confidence)
+
 
 def evaluate_on_shards(
     backend: Backend,
@@ -136,8 +146,8 @@ def evaluate_on_shards(
 
     def call(i: int):
         part = row_quotas[offsets[i] : offsets[i] + rows_per_shard[i]]
-        args = (weights, part, offsets[i], spec.seed, spec.max_steps, spec.deterministic, stop_after)
-        return shards[i].call("evaluate", *args)
+        plan = EvalEpisodes(part, offsets[i], spec.seed, spec.max_steps, spec.deterministic, stop_after)
+        return shards[i].call(EnvShard.evaluate, weights, plan)
 
     pending = {i: call(i) for i in range(len(shards))}
     results: list[tuple[dict, dict]] = []
@@ -169,15 +179,9 @@ def evaluate_on_shards(
 def write_records(path: str | Path, records: list[dict]) -> None:
     """Write episode records to Parquet (atomically: a temporary file, then rename)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(k for record in records for k in record)) or ["row", "episode", "seed", "return", "length"]
-    table = pa.table({k: [record.get(k) for record in records] for k in columns})
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    write_parquet(path, pa.table({k: [record.get(k) for record in records] for k in columns}))
 
 
 def format_report(report: EvalReport) -> str:
@@ -206,50 +210,3 @@ def format_report(report: EvalReport) -> str:
         f"length                 {stats(report.lengths)}",
     ]
     return "\n".join(lines)
-
-
-def evaluate(
-    run_dir_or_checkpoint: str | Path,
-    episodes: int = 100,
-    seed: int | None = None,
-    shards: int | None = None,
-    envs_per_shard: int | None = None,
-    deterministic: bool = True,
-    balanced: bool = True,
-    out: str | Path | None = None,
-    backend: str | None = None,
-    address: str | None = None,
-    on_scored_episode: Callable[[dict], None] | None = None,
-    on_episode: Callable[[dict], None] | None = None,
-) -> EvalReport:
-    """Evaluate a run's latest checkpoint (or the given checkpoint directory); see ``raysim eval``."""
-    from raysim.checkpoint import load_checkpoint, locate_checkpoint
-    from raysim.config import load_config
-    from raysim.coordinator import create_shard, eval_spec, start_backend
-
-    run_dir, checkpoint = locate_checkpoint(run_dir_or_checkpoint)
-    overrides = [f"eval.episodes={episodes}", f"eval.deterministic={deterministic}", f"eval.balanced={balanced}"]
-    for key, value in (("eval.seed", seed), ("eval.shards", shards), ("eval.num_envs", envs_per_shard), ("backend", backend)):
-        if value is not None:
-            overrides.append(f"{key}={value}")
-    config = load_config(run_dir / "configs" / "train.yaml", overrides)
-    state, meta = load_checkpoint(checkpoint)
-    actor = {k[len("actor.") :]: v for k, v in state["model"].items() if k.startswith("actor.")}
-    weights = {"version": int(meta.get("iteration", 0)), "actor": actor}
-    runner, started = start_backend(config, address)
-    try:
-        handles = [create_shard(runner, config, i, evaluation=True) for i in range(config.eval.shards)]
-        _, _, max_episode_steps = runner.get(handles[0].call("spaces"))
-        report = evaluate_on_shards(
-            runner, lambda i: create_shard(runner, config, i, evaluation=True), handles,
-            [config.eval.num_envs] * len(handles), weights, eval_spec(config, max_episode_steps),
-            on_scored_episode, on_episode,
-        )
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
-    if out is not None:
-        write_records(out, report.records)
-    return report

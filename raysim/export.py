@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from raysim.algos.models import Actor
+from raysim.models import Actor, actor_state, to_action_space
 
 FORMATS = ("torchscript", "onnx")
 DEFAULT_EPSILON = 1e-8
@@ -73,9 +73,7 @@ class DeterministicPolicy(nn.Module):
         out = self.net(x)
         if self.discrete:
             return out.argmax(-1)
-        if self.squash:
-            return self.action_low + (torch.tanh(out) + 1) * 0.5 * (self.action_high - self.action_low)
-        return torch.maximum(torch.minimum(out, self.action_high), self.action_low)
+        return to_action_space(out, self.action_low, self.action_high, self.squash)
 
 
 def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
@@ -96,7 +94,7 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
         observation_space, action_space = env.observation_spaces["policy"], env.action_space
     finally:
         env.close()
-    weights = {k[len("actor."):]: v for k, v in state.get("model", {}).items() if k.startswith("actor.")}
+    weights = actor_state(state.get("model", {}))
     if not weights:
         raise CheckpointError(f"checkpoint {checkpoint} has no actor weights (state['model'] 'actor.*')")
     actor.load_state_dict(weights)

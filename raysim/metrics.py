@@ -18,7 +18,6 @@ rewrites the whole file at each log step, so a failed write loses nothing: the n
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -27,10 +26,12 @@ from typing import Any, TextIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raysim.config import SINKS
+from raysim.storage import write_parquet
+
 Record = dict[str, float]
 
 CONSOLE_KEYS = ("episode_return", "pg_loss", "v_loss", "kl", "entropy", "approx_kl")
-SINKS = ("console", "parquet", "tensorboard")  # the names train.sinks may list
 
 
 class ConsoleSink:
@@ -115,11 +116,7 @@ class ParquetSink:
 
     def flush(self) -> None:
         columns = sorted({k for row in self.rows for k in row})
-        table = pa.table({k: pa.array([row.get(k) for row in self.rows], pa.float64()) for k in columns})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".parquet.tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, self.path)
+        write_parquet(self.path, pa.table({k: pa.array([row.get(k) for row in self.rows], pa.float64()) for k in columns}))
         self.dirty = False
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.algos.models import ModelConfig
+from raysim.models.networks import ModelConfig
 from raysim.algos.ppo import PPOConfig
 from raysim.learner import Learner
 from raysim.rollout.advantages import chunk_values, gae, terminal_values
@@ -279,7 +279,7 @@ def test_learner_batch_has_returns_equal_to_advantages_plus_values_and_leaves_th
     chunks = (random_chunk(generator, 12, 5, 4), random_chunk(generator, 12, 5, 4))
     rewards = [c.reward.clone() for c in chunks]
 
-    batch = learner.batch(chunks)
+    batch = learner.algorithm.batch(list(chunks))
 
     for chunk, reward in zip(chunks, rewards):
         assert torch.equal(chunk.reward, reward)

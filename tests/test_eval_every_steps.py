@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import raysim
-from raysim.coordinator import eval_due
+from raysim.coordinator.trainer import eval_due
 
 BASE = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.update_epochs=1", "algo.num_minibatches=1",
         "shards.count=1", "train.total_steps=1280", "train.log_every=100", "eval.episodes=2", "eval.num_envs=2"]

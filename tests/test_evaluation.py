@@ -11,7 +11,7 @@ import torch
 
 import raysim
 from raysim.actors import LocalBackend, RayBackend
-from raysim.algos.models import ActorCritic, ModelConfig
+from raysim.models.networks import ActorCritic, ModelConfig
 from raysim.envs import register
 from raysim.envs.cartpole import CartPole
 from raysim.evaluation import EvalSpec, evaluate_on_shards, quotas, summarize, wilson

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import raysim
-from raysim.algos.models import Actor
+from raysim.models.networks import Actor
 from raysim.checkpoint import load_checkpoint, locate_checkpoint
 from raysim.cli import main
 from raysim.rollout.inference import inference

@@ -15,8 +15,8 @@ import pickle
 import pytest
 import torch
 
-from raysim.algos.fast import MLPInference
-from raysim.algos.models import Actor, ActorCritic, ModelConfig, Tanh, mlp, sample_categorical
+from raysim.models.fused import MLPInference
+from raysim.models.networks import Actor, ActorCritic, ModelConfig, Tanh, mlp, sample_categorical
 from raysim.envs import CartPole, make, register
 from raysim.envs import cartpole as cp
 from raysim.rollout import EnvShard
@@ -160,7 +160,7 @@ def test_with_obs_norm_the_shards_chunks_and_values_equal_the_plain_loop(num_env
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("rows", [1, 5, 64, 1024, 4096])
 def test_mlp_inference_with_a_normalizer_is_bitwise_the_module_forward(activation, rows):
-    from raysim.algos.normalizer import RunningNorm
+    from raysim.models.normalizer import RunningNorm
 
     torch.manual_seed(rows)
     net = mlp(4, [64, 64], 2, activation, 0.01)

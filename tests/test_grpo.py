@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from raysim.algos.grpo import GRPOConfig, chunk_advantages, group_advantages, grpo_loss
-from raysim.algos.models import ModelConfig
+from raysim.models.networks import ModelConfig
 from raysim.config import Config, ConfigError, EnvConfig, load_config
 from raysim.coordinator import Trainer
 from raysim.envs.cartpole import CartPole
 from raysim.learner import Learner
-from raysim.rollout.groups import GroupResetError
+from raysim.rollout import GroupEpisodes, GroupResetError
 from raysim.rollout.shard import EnvShard
 
 
@@ -33,18 +33,18 @@ def make_learner(shard, algo, critic=False):
 
 def test_group_members_start_from_identical_observations_and_different_groups_differ():
     shard = make_shard(num_envs=12)
-    chunk = shard.rollout_groups(weights_of(shard), 200, 4)
+    chunk = shard.rollout(weights_of(shard), GroupEpisodes(4, 200))
     first = chunk.obs["policy"][0].reshape(3, 4, -1)
     assert torch.equal(first, first[:, :1].expand_as(first))
     assert not torch.equal(first[0, 0], first[1, 0]) and not torch.equal(first[1, 0], first[2, 0])
     # the next round starts from new shared states
-    again = shard.rollout_groups(weights_of(shard), 200, 4).obs["policy"][0].reshape(3, 4, -1)
+    again = shard.rollout(weights_of(shard), GroupEpisodes(4, 200)).obs["policy"][0].reshape(3, 4, -1)
     assert torch.equal(again, again[:, :1].expand_as(again)) and not torch.equal(again[0, 0], first[0, 0])
 
 
 def test_rollout_groups_stops_when_every_row_finished_and_masks_rows_that_finished_early():
     shard = make_shard()
-    chunk = shard.rollout_groups(weights_of(shard), 500, 4)
+    chunk = shard.rollout(weights_of(shard), GroupEpisodes(4, 500))
     length = chunk.episodes["length"]
     assert chunk.num_steps == int(length.max())  # no trailing step where every row is masked
     assert bool(chunk.episodes["finished"].all())
@@ -57,7 +57,7 @@ def test_rollout_groups_stops_when_every_row_finished_and_masks_rows_that_finish
 
 def test_a_round_cut_by_the_step_limit_counts_the_return_so_far():
     shard = make_shard()
-    chunk = shard.rollout_groups(weights_of(shard), 5, 4)
+    chunk = shard.rollout(weights_of(shard), GroupEpisodes(4, 5))
     assert chunk.num_steps == 5 and not bool(chunk.episodes["finished"].any())
     assert torch.equal(chunk.episodes["return"], torch.full((8,), 5.0))
 
@@ -78,7 +78,7 @@ def test_an_env_that_cannot_share_a_start_is_refused_with_a_clear_error(env_cls,
     shard = make_shard()
     shard.env = env_cls(8, seed=0)
     with pytest.raises(GroupResetError, match=message):
-        shard.rollout_groups(weights_of(shard), 50, 4)
+        shard.rollout(weights_of(shard), GroupEpisodes(4, 50))
 
 
 def reference_advantages(returns, size, std_normalize):
@@ -105,7 +105,7 @@ def test_group_relative_advantages_match_a_reference_computation_and_equal_retur
 
 def test_every_step_of_an_episode_gets_its_members_advantage():
     shard = make_shard()
-    chunk = shard.rollout_groups(weights_of(shard), 500, 4)
+    chunk = shard.rollout(weights_of(shard), GroupEpisodes(4, 500))
     advantages = chunk_advantages(chunk, GRPOConfig(group_size=4))
     expected = group_advantages(chunk.episodes["return"], 4)
     assert torch.equal(advantages, expected.expand(chunk.num_steps, -1))
@@ -120,9 +120,10 @@ def test_the_critic_is_never_called_during_a_grpo_run(monkeypatch):
         raise AssertionError("the critic was called")
 
     monkeypatch.setattr(learner.model.critic, "forward", forbidden)
-    monkeypatch.setattr("raysim.learner.chunk_values", forbidden)
+    monkeypatch.setattr("raysim.algos.ppo.chunk_values", forbidden)  # the one caller of value inference
+    monkeypatch.setattr("raysim.rollout.advantages.critic_values", forbidden)
     before = copy.deepcopy(learner.model.actor.state_dict())
-    metrics = learner.update(shard.rollout_groups(learner.get_weights(), 500, 4))
+    metrics = learner.update(shard.rollout(learner.get_weights(), GroupEpisodes(4, 500)))
     assert metrics["policy_version"] == 1 and metrics["env_steps"] > 0
     assert any(not torch.equal(before[k], v) for k, v in learner.model.actor.state_dict().items())
 
@@ -130,10 +131,10 @@ def test_the_critic_is_never_called_during_a_grpo_run(monkeypatch):
 def test_a_model_without_a_critic_trains_with_grpo_and_ppo_refuses_it():
     shard = make_shard()
     learner = make_learner(shard, GRPOConfig(group_size=4))
-    assert learner.model.critic is None and learner.reference is None
+    assert learner.model.critic is None and learner.algorithm.reference is None
     before = copy.deepcopy(learner.model.actor.state_dict())
     for _ in range(2):
-        metrics = learner.update(shard.rollout_groups(learner.get_weights(), 500, 4))
+        metrics = learner.update(shard.rollout(learner.get_weights(), GroupEpisodes(4, 500)))
     assert all(v == v for v in metrics.values())  # no NaN
     assert any(not torch.equal(before[k], v) for k, v in learner.model.actor.state_dict().items())
     from raysim.algos.ppo import PPOConfig
@@ -146,13 +147,13 @@ def test_masked_transitions_contribute_nothing_to_the_loss_gradient():
     shard = make_shard()
     algo = GRPOConfig(group_size=4, kl_coef=0.1, ent_coef=0.01)
     learner = make_learner(shard, algo)
-    chunk = shard.rollout_groups(learner.get_weights(), 500, 4)
+    chunk = shard.rollout(learner.get_weights(), GroupEpisodes(4, 500))
     assert not bool(chunk.mask.all())
 
     def gradient(chunk):
-        batch = learner.batch((chunk,))
+        batch = learner.algorithm.batch([chunk])
         learner.model.zero_grad(set_to_none=True)
-        loss, _ = grpo_loss(learner.model.actor, batch, algo, learner.reference)
+        loss, _ = grpo_loss(learner.model.actor, batch, algo, learner.algorithm.reference)
         loss.backward()
         return [p.grad.clone() for p in learner.model.actor.parameters()]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import raysim
-import raysim.learner
+import raysim.learner.learner
 from raysim.config import ConfigError
 from raysim.metrics import ConsoleSink, ParquetSink, SinkSet
 from raysim.rollout.shard import EnvShard
@@ -56,13 +56,13 @@ def train(tmp_path: Path, *overrides: str, sinks=None, name: str = "run") -> ray
 
 def count_host_copies(monkeypatch) -> list:
     calls = []
-    real = raysim.learner.to_host
+    real = raysim.learner.learner.to_host
 
     def counting(vector):
         calls.append(vector.numel())
         return real(vector)
 
-    monkeypatch.setattr(raysim.learner, "to_host", counting)
+    monkeypatch.setattr(raysim.learner.learner, "to_host", counting)
     return calls
 
 
@@ -94,7 +94,7 @@ def test_every_sink_gets_the_same_record_and_the_host_copy_happens_once_per_log_
 
 
 def test_a_window_of_iterations_is_reduced_once_with_its_episodes_summed():
-    from raysim.algos.models import ModelConfig
+    from raysim.models.networks import ModelConfig
     from raysim.algos.ppo import PPOConfig
     from raysim.learner import Learner
 
@@ -113,9 +113,9 @@ def test_a_window_of_iterations_is_reduced_once_with_its_episodes_summed():
 
 def test_two_learner_ranks_log_the_mean_over_both_ranks_data(ray_session):
     from raysim.actors import RayBackend
-    from raysim.algos.models import ModelConfig
+    from raysim.models.networks import ModelConfig
     from raysim.algos.ppo import PPOConfig
-    from raysim.learner_group import LearnerGroup
+    from raysim.learner import LearnerGroup
 
     shards = [EnvShard("raysim/CartPole", 4, seed=s) for s in (0, 1)]
     algo = PPOConfig(num_steps=64, num_minibatches=2, update_epochs=1)
@@ -166,7 +166,7 @@ def test_parquet_columns_that_appear_later_are_null_before_and_a_failed_write_is
     assert table.column_names == ["a", "b", "env_steps", "iteration"]
     assert table.to_pylist()[0] == {"a": None, "b": 0.5, "env_steps": 10.0, "iteration": 1.0}
 
-    blocker = path.with_suffix(".parquet.tmp")
+    blocker = path.with_name(f".{path.name}.tmp")
     blocker.mkdir()  # the next write cannot create its temporary file
     with pytest.raises(OSError):
         sink.write({"iteration": 3, "env_steps": 30, "b": 0.0})

@@ -9,12 +9,13 @@ import numpy as np
 import torch
 
 import raysim
-from raysim.algos.models import ActorCritic, ModelConfig
-from raysim.algos.normalizer import RunningNorm, combine, moments
+from raysim.models.networks import ActorCritic, ModelConfig
+from raysim.models.normalizer import RunningNorm, combine, moments
 from raysim.algos.ppo import PPOConfig
 from raysim.checkpoint import load_latest
 from raysim.learner import Learner
 from raysim.rollout.advantages import chunk_values, terminal_values
+from raysim.rollout import EvalEpisodes
 from raysim.rollout.shard import EnvShard
 
 NORM = ModelConfig(hidden_sizes=[16, 16], obs_norm=True)
@@ -64,7 +65,7 @@ def test_two_learner_ranks_hold_identical_statistics_equal_to_one_pass_over_both
     shards = [EnvShard("raysim/CartPole", 8, seed=s, model=NORM, env_kwargs={"max_episode_steps": 10}) for s in (1, 2)]
     chunks = [s.rollout({"version": 0, "actor": s.actor.state_dict()}, 16) for s in shards]
     single = learner(shards[0])
-    single.update_normalizers(tuple(chunks))
+    single.update_normalizers(list(chunks))
     ranks = [learner(shards[0], rank=r, world_size=2) for r in range(2)]
     posted: dict[int, torch.Tensor] = {}
     barrier, local = threading.Barrier(2), threading.local()
@@ -75,11 +76,11 @@ def test_two_learner_ranks_hold_identical_statistics_equal_to_one_pass_over_both
         for r, part in enumerate(parts):
             part.copy_(posted[r])
 
-    monkeypatch.setattr("raysim.learner.dist.all_gather", all_gather)
+    monkeypatch.setattr("raysim.learner.ranks.dist.all_gather", all_gather)
 
     def run(rank):
         local.rank = rank
-        ranks[rank].update_normalizers((chunks[rank],))
+        ranks[rank].update_normalizers([chunks[rank]])
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     [t.start() for t in threads]
@@ -97,10 +98,10 @@ def test_statistics_change_only_in_the_learners_update_from_the_chunks_valid_obs
     weights = learn.get_weights()
     before_model, before_shard = buffers(learn.model), buffers(shard.actor)
     chunk = shard.rollout(weights, 16)  # shard rollout
-    shard.evaluate(weights, [2] * 8, 0, seed=3, max_steps=50)  # evaluation
+    shard.evaluate(weights, EvalEpisodes([2] * 8, 0, seed=3, max_steps=50))  # evaluation
     chunk_values(learn.model.critic, chunk)  # value and terminal-value inference
     terminal_values(learn.model.critic, chunk)
-    learn.batch((chunk,))
+    learn.algorithm.batch([chunk])
     assert chunk.final_obs["policy"].shape[0] > 0  # final observations were there to be (wrongly) used
     for now, then in ((buffers(learn.model), before_model), (buffers(shard.actor), before_shard)):
         assert all(torch.equal(now[k], then[k]) for k in then)
@@ -131,7 +132,7 @@ def test_masked_transitions_do_not_enter_the_statistics():
     learn = learner(shard)
     chunk = shard.rollout(learn.get_weights(), 16)
     chunk.mask[::2] = False
-    learn.update_normalizers((chunk,))
+    learn.update_normalizers([chunk])
     valid = chunk.obs["policy"][:-1][chunk.mask].double()
     assert float(learn.model.actor.obs_norm.count) == valid.shape[0] == 8 * 4
     torch.testing.assert_close(learn.model.actor.obs_norm.mean, valid.mean(0).float(), rtol=1e-5, atol=1e-6)

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from raysim.algos.guard import GuardedStep, NonFiniteUpdateError
-from raysim.algos.models import ModelConfig
-from raysim.algos.ppo import PPOConfig, clipped_objective, ppo_update
+from raysim.models.networks import ModelConfig
+from raysim.algos.epochs import run_epochs
+from raysim.algos.ppo import PPOConfig, clipped_objective
 from raysim.learner import Learner
 from raysim.rollout.shard import EnvShard
 
@@ -221,15 +222,16 @@ def test_learner_update_reports_the_ppo_metrics_as_plain_finite_numbers():
 
 def test_ppo_update_with_an_unbounded_objective_skips_every_minibatch_and_then_stops():
     learner, shard = cartpole_learner_and_shard(norm_adv=False, max_nonfinite_updates=3)
-    batch = learner.batch((shard.rollout(learner.get_weights(), 16),))
+    batch = learner.algorithm.batch([shard.rollout(learner.get_weights(), 16)])
     batch["logprobs"] = batch["logprobs"] - 100.0  # new/old ratio e^100
     batch["advantages"] = -batch["advantages"].abs() - 1.0  # A < 0: unbounded below
     before = copy.deepcopy(learner.model.state_dict())
-    config = PPOConfig(**{**vars(learner.algo), "update_epochs": 1, "num_minibatches": 2})
-    metrics = ppo_update(learner.model, learner.step, batch, config, learner.generator)
+    config = PPOConfig(**{**vars(learner.algorithm.config), "update_epochs": 1, "num_minibatches": 2})
+    loss_terms = learner.algorithm.loss_terms
+    metrics = run_epochs(learner.algorithm.loss, loss_terms, learner.step, batch, config, learner.generator)
     assert metrics == {}  # nothing applied
     assert learner.step.skipped == 2
     for name, value in learner.model.state_dict().items():
         assert torch.equal(value, before[name])
     with pytest.raises(NonFiniteUpdateError, match="pg_loss"):
-        ppo_update(learner.model, learner.step, batch, config, learner.generator)
+        run_epochs(learner.algorithm.loss, loss_terms, learner.step, batch, config, learner.generator)

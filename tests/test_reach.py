@@ -322,7 +322,7 @@ def test_an_env_shard_on_reach_produces_chunks_with_both_groups_and_episode_repo
 
 
 def test_left_out_options_resolve_to_the_defaults_so_the_env_identity_does_not_depend_on_spelling_them_out():
-    from raysim.composition import env_identity
+    from raysim.identity import env_identity
     from raysim.envs.reach import DEFAULT_ACTIONS, DEFAULT_OBSERVATIONS, DEFAULT_REWARDS
 
     implicit = {"id": "raysim/Reach", "kwargs": {"num_links": 4}}

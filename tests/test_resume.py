@@ -12,7 +12,7 @@ import torch
 
 import raysim
 from raysim.checkpoint import load_checkpoint, load_latest
-from raysim.composition import env_identity
+from raysim.identity import env_identity
 from raysim.config import ConfigError
 from raysim.envs import make
 from raysim.rollout.shard import EnvShard
@@ -109,12 +109,12 @@ def test_the_callers_config_is_unchanged_after_building_several_envs_from_it():
     assert shards[0].env.initial_states is not shards[1].env.initial_states
 
 
-def test_two_learner_ranks_agree_on_an_export_error_then_train_save_and_resume(ray_session, tmp_path):
+def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_save_and_load(ray_session, tmp_path):
     from raysim.actors import RayBackend
-    from raysim.algos.models import ModelConfig
     from raysim.algos.ppo import PPOConfig
     from raysim.checkpoint import save_checkpoint
-    from raysim.learner_group import LearnerGroup
+    from raysim.learner import Learner, LearnerGroup
+    from raysim.models.networks import ModelConfig
 
     shard = EnvShard("raysim/CartPole", 4, seed=0)
     spaces = shard.spaces()[:2]
@@ -122,29 +122,29 @@ def test_two_learner_ranks_agree_on_an_export_error_then_train_save_and_resume(r
     backend = RayBackend()
     group = LearnerGroup(backend, 2, *spaces, ModelConfig(), algo, 10, seed=0, options={"num_cpus": 1})
 
-    blocked = tmp_path / "resources"
-    blocked.write_text("a file where rank 0 must create a folder")
-    env = {"id": "raysim/CartPole", "kwargs": {"initial_states": {"generate": 4, "seed": 0}}}
+    good = group.state_dict()
+    bad = copy.deepcopy(good)
+    bad["model"]["actor.net.0.weight"] = torch.zeros(3, 3)  # a shape rank 0's model cannot take
     errors = []
-    calls = [handle.call("export_env", env, str(blocked)) for handle in group.handles]
+    calls = [group.handles[0].call(Learner.load_state, bad), group.handles[1].call(Learner.load_state, good)]
     for call in calls:  # each rank's own outcome
         with pytest.raises(Exception) as caught:
             ray_session.get(call, timeout=120)
-        errors.append(str(caught.value).strip().splitlines()[-1])
+        message = str(caught.value)
+        errors.append(message[message.index("RankError"):])
     assert errors[0] == errors[1]
-    assert "failed on rank 0: FileExistsError" in errors[0] and "rank 1" not in errors[0]
+    assert "failed on rank 0: RuntimeError" in errors[0] and "rank 1" not in errors[0]
 
-    blocked.unlink()
-    assert group.export_env(env, str(blocked))["kwargs"]["initial_states"]["file"].endswith("initial_states.npy")
+    group.load_state(good)  # the group is still usable
     weights = ray_session.get(group.get_weights())
     chunks = [shard.rollout(weights, 16) for _ in range(2)]
     metrics = group.update([ray_session.put(c) for c in chunks])
     assert metrics["policy_version"] == 1 and metrics["env_steps"] == 128
     path = save_checkpoint(tmp_path / "run", 1, group.state_dict(), {"env_steps": 128})
-    group.load(str(path))
+    state, _ = load_checkpoint(path)
+    group.load_state(state)
     group.update([ray_session.put(shard.rollout(ray_session.get(group.get_weights()), 16)) for _ in range(2)])
-    w0, w1 = (ray_session.get(h.call("get_weights")) for h in group.handles)
+    w0, w1 = (ray_session.get(h.call(Learner.get_weights)) for h in group.handles)
     assert w0["version"] == w1["version"] == 2
     assert all(torch.equal(w0["actor"][k], w1["actor"][k]) for k in w0["actor"])
-    state, _ = load_checkpoint(path)
     assert state["version"] == 1

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import raysim
-from raysim.algos.models import ModelConfig
+from raysim.models.networks import ModelConfig
 from raysim.algos.ppo import PPOConfig
 from raysim.checkpoint import load_latest
 from raysim.learner import Learner
@@ -45,7 +45,7 @@ def test_return_statistics_follow_the_discounted_returns_and_the_logged_reward_i
         assert all(torch.equal(c.reward, r) for c, r in zip(new, rewards))
         chunks += new
     expected = reference_returns(sorted(chunks, key=lambda c: c.shard), 0.9)
-    norm = learner.reward_scale.norm
+    norm = learner.algorithm.reward_scale.norm
     assert int(norm.count) == expected.size
     assert abs(float(norm.mean) - expected.mean()) < 1e-5
     assert abs(float(norm.var) - expected.var()) < 1e-4 * max(1.0, expected.var())
@@ -57,9 +57,9 @@ def test_advantages_are_computed_from_the_scaled_reward():
     learner = Learner(*shard.spaces()[:2], ModelConfig(), algo, 10, seed=0)
     learner.update(shard.rollout(learner.get_weights(), 16))
     chunk = shard.rollout(learner.get_weights(), 16)
-    learner.update_reward_scale((chunk,))
-    std = float(learner.reward_scale.norm.std())
-    batch = learner.batch((chunk,))
+    learner.algorithm.reward_scale.observe([chunk], learner.ranks)
+    std = float(learner.algorithm.reward_scale.norm.std())
+    batch = learner.algorithm.batch([chunk])
     values, next_values = chunk_values(learner.model.critic, chunk)
     expected = gae(chunk.reward / std, values, next_values, chunk.terminated | chunk.truncated, chunk.mask,
                    algo.gamma, algo.gae_lambda)

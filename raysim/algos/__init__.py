@@ -1,1 +1,43 @@
-"""Models and the algorithms that train them."""
+"""The algorithms, found by name: ``algorithm_class("ppo")``, or ``module.path:Class`` for your own.
+
+A new algorithm is one file with a subclass of ``raysim.algos.base.Algorithm`` and its config
+dataclass; ``register`` makes it available by a short name (or name it ``module:Class`` in a
+config, which also works in Ray workers that never imported it).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+
+from raysim.algos.base import Algorithm
+from raysim.algos.grpo import GRPO, GRPOConfig
+from raysim.algos.ppo import PPO, PPOConfig
+
+_REGISTRY: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO}
+
+
+def register(algorithm: type[Algorithm]) -> None:
+    """Make ``algorithm`` available as ``algo.name: <algorithm.name>``."""
+    _REGISTRY[algorithm.name] = algorithm
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The algorithm registered as ``name``, or ``module.path:Class`` imported; a ``ValueError`` otherwise."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        module, _, attribute = name.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"algo.name {name!r}: cannot import {attribute} from {module}: {error}") from error
+        if not (isinstance(found, type) and issubclass(found, Algorithm)):
+            raise ValueError(f"algo.name {name!r} is not a subclass of raysim.algos.base.Algorithm")
+        return found
+    close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"algo.name must be one of {sorted(_REGISTRY)} or 'module:Class', got {name!r}{hint}")
+
+
+__all__ = ["GRPO", "PPO", "Algorithm", "GRPOConfig", "PPOConfig", "algorithm_class", "register"]

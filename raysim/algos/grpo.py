@@ -1,7 +1,7 @@
-"""GRPO (Shao et al. 2024), read top to bottom: config, group advantages, loss, update.
+"""GRPO (Shao et al. 2024), read top to bottom: config, group advantages, loss.
 
 Critic-free: groups of ``group_size`` rows start from the same reset seed and each plays one
-episode (``EnvShard.rollout_groups``). A member's advantage is its episode return normalized
+episode (``raysim.rollout.GroupEpisodes``). A member's advantage is its episode return normalized
 within its group, ``(R - mean) / (std + eps)``, or only centred, ``R - mean``, with
 ``std_normalize: false`` (Dr. GRPO, Liu et al. 2025). Every step of the episode gets its member's
 advantage. The actor objective is PPO's ``clipped_objective`` (imported, not copied), plus an
@@ -13,22 +13,21 @@ so far: there is no critic, so nothing is bootstrapped.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from raysim.algos.guard import GuardedStep
-from raysim.algos.models import Actor
-from raysim.algos.ppo import clipped_objective, run_epochs
-from raysim.rollout.chunk import RolloutChunk
+from raysim.algos.base import Algorithm, Collectives
+from raysim.algos.epochs import Batch, concat, transitions
+from raysim.algos.ppo import clipped_objective, ratio_metrics
+from raysim.models import Actor, ActorCritic
+from raysim.rollout import GroupEpisodes, RolloutChunk
 
 
 @dataclass
 class GRPOConfig:
     """GRPO hyperparameters."""
-
-    needs_values: ClassVar[bool] = False  # the learner runs no critic and no value inference
 
     name: str = "grpo"
     group_size: int = 8  # rows per group (must divide env.num_envs, >= 2)
@@ -67,14 +66,10 @@ def chunk_advantages(chunk: RolloutChunk, config: GRPOConfig) -> torch.Tensor:
     return advantages.expand(chunk.num_steps, -1)
 
 
-def grpo_loss(actor: Actor, batch: dict, config: GRPOConfig, reference: Actor | None) -> tuple[torch.Tensor, dict]:
+def grpo_loss(actor: Actor, batch: Batch, config: GRPOConfig, reference: Actor | None) -> tuple[torch.Tensor, dict]:
     """The GRPO loss of one minibatch and its metrics (tensors, still on the device)."""
     newlogprob, entropy = actor.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
     logratio = newlogprob - batch["logprobs"]
-    with torch.no_grad():
-        ratio = logratio.exp()
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > config.clip_coef).float().mean()
 
     pg_loss = -clipped_objective(logratio, batch["advantages"], config.clip_coef).mean()
 
@@ -87,18 +82,47 @@ def grpo_loss(actor: Actor, batch: dict, config: GRPOConfig, reference: Actor | 
 
     entropy_loss = entropy.mean()
     loss = pg_loss - config.ent_coef * entropy_loss + config.kl_coef * kl
-    metrics = {"pg_loss": pg_loss, "kl": kl, "entropy": entropy_loss, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    metrics = {"pg_loss": pg_loss, "kl": kl, "entropy": entropy_loss, **ratio_metrics(logratio, config.clip_coef)}
     return loss, metrics
 
 
-def grpo_update(
-    actor: Actor,
-    step: GuardedStep,
-    batch: dict,
-    config: GRPOConfig,
-    generator: torch.Generator,
-    reference: Actor | None = None,
-) -> dict[str, torch.Tensor]:
-    """GRPO's epochs over one batch (PPO's ``run_epochs``); the metrics averaged over applied steps."""
-    return run_epochs(lambda minibatch: grpo_loss(actor, minibatch, config, reference), ("pg_loss", "kl", "entropy"),
-                      step, batch, config, generator)
+class GRPO(Algorithm):
+    """GRPO: no critic, no value inference; a frozen copy of the initial actor as KL reference (``kl_coef > 0``)."""
+
+    name = "grpo"
+    Config = GRPOConfig
+    uses_critic = False
+    loss_terms = ("pg_loss", "kl", "entropy")
+
+    def __init__(self, config: GRPOConfig, model: ActorCritic, ranks: Collectives):
+        super().__init__(config, model, ranks)
+        self.reference = copy.deepcopy(model.actor).requires_grad_(False).eval() if config.kl_coef > 0 else None
+
+    @classmethod
+    def collection(cls, config: GRPOConfig) -> GroupEpisodes:
+        return GroupEpisodes(config.group_size, config.num_steps)
+
+    @classmethod
+    def check(cls, config: GRPOConfig, num_envs: int) -> None:
+        size = config.group_size
+        if not isinstance(size, int) or size < 2 or num_envs % size:
+            raise ValueError(f"algo.group_size must be an integer >= 2 that divides env.num_envs ({num_envs}), got {size!r}")
+
+    def batch(self, chunks: list[RolloutChunk]) -> Batch:
+        """Every valid transition with its member's group advantage."""
+        parts = []
+        for chunk in chunks:
+            part = transitions(chunk)
+            part["advantages"] = chunk_advantages(chunk, self.config)[chunk.mask]
+            parts.append(part)
+        return concat(parts)
+
+    def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return grpo_loss(self.model.actor, minibatch, self.config, self.reference)
+
+    def state_dict(self) -> dict:
+        return {"reference": self.reference.state_dict()} if self.reference is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.reference is not None and "reference" in state:
+            self.reference.load_state_dict(state["reference"])

@@ -9,7 +9,8 @@ ranks in one collective that also carries each rank's verdict, so all ranks skip
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from raysim.algos.collectives import Collectives
 
 
 class NonFiniteUpdateError(RuntimeError):
@@ -19,12 +20,13 @@ class NonFiniteUpdateError(RuntimeError):
 class GuardedStep:
     """Backward, gradient averaging across ranks, global grad-norm clipping and the optimizer step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, max_grad_norm: float, max_consecutive: int, world_size: int = 1):
+    def __init__(self, optimizer: torch.optim.Optimizer, max_grad_norm: float, max_consecutive: int,
+                 ranks: Collectives | None = None):
         self.optimizer = optimizer
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.max_grad_norm = max_grad_norm
         self.max_consecutive = max_consecutive
-        self.world_size = world_size
+        self.ranks = ranks
         self.skipped = 0  # over the whole run
         self.consecutive = 0
 
@@ -39,7 +41,7 @@ class GuardedStep:
             bad = ["loss"]
         if not bad:
             loss.backward()
-        if self.world_size > 1 and self._average_across_ranks(bool(bad)) and not bad:
+        if self.ranks is not None and self.ranks.world_size > 1 and self._average_across_ranks(bool(bad)) and not bad:
             bad = ["loss on another learner rank"]
         if not bad:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
@@ -63,10 +65,10 @@ class GuardedStep:
         """All-reduce the gradients (mean) and the skip verdicts in one collective; True if any rank skips."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([float(skipped_here)], device=grads[0].device)])
-        dist.all_reduce(flat)
+        self.ranks.all_reduce(flat)
         skipped_anywhere = bool(flat[-1] > 0)
         offset = 0
         for p, g in zip(self.params, grads):
-            p.grad = (flat[offset : offset + g.numel()] / self.world_size).view_as(p)
+            p.grad = (flat[offset : offset + g.numel()] / self.ranks.world_size).view_as(p)
             offset += g.numel()
         return skipped_anywhere

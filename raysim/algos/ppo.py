@@ -1,19 +1,25 @@
-"""PPO (Schulman et al. 2017), read top to bottom: config, clipped objective, loss, update.
+"""PPO (Schulman et al. 2017), read top to bottom: config, clipped objective, advantages, loss.
 
 Names follow CleanRL's ppo.py, and the metrics carry the same names as the variables
-(``pg_loss``, ``v_loss``, ``entropy``, ``approx_kl``, ``clipfrac``, ...).
+(``pg_loss``, ``v_loss``, ``entropy``, ``approx_kl``, ``clipfrac``, ...). The learner calls
+``PPO.update`` (``raysim.algos.base``): advantages by GAE with the terminal-value bootstrap
+(``raysim.rollout.advantages``), then ``update_epochs`` epochs of ``num_minibatches`` minibatches.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
+from raysim.algos.base import Algorithm, Collectives
+from raysim.algos.epochs import Batch, concat, transitions
 from raysim.algos.guard import GuardedStep
-from raysim.algos.models import ActorCritic
+from raysim.algos.reward_scale import RewardScale
+from raysim.models import ActorCritic
+from raysim.rollout import FixedSteps, RolloutChunk
+from raysim.rollout.advantages import chunk_values, gae
 
 
 @dataclass
@@ -59,14 +65,19 @@ def clipped_objective(logratio: torch.Tensor, advantages: torch.Tensor, clip_coe
     return advantages * torch.exp(torch.where(inside, logratio, bound))
 
 
-def ppo_loss(model: ActorCritic, batch: dict[str, torch.Tensor | dict], config: PPOConfig) -> tuple[torch.Tensor, dict]:
-    """The PPO loss of one minibatch and its metrics (tensors, still on the device)."""
-    newlogprob, entropy = model.actor.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
-    logratio = newlogprob - batch["logprobs"]
+def ratio_metrics(logratio: torch.Tensor, clip_coef: float) -> dict[str, torch.Tensor]:
+    """``approx_kl`` (the k3 estimator, as CleanRL) and ``clipfrac`` of a minibatch's log-ratios."""
     with torch.no_grad():
         ratio = logratio.exp()
         approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > config.clip_coef).float().mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    return {"approx_kl": approx_kl, "clipfrac": clipfrac}
+
+
+def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch.Tensor, dict]:
+    """The PPO loss of one minibatch and its metrics (tensors, still on the device)."""
+    newlogprob, entropy = model.actor.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
+    logratio = newlogprob - batch["logprobs"]
 
     advantages = batch["advantages"]
     if config.norm_adv and advantages.numel() > 1:
@@ -82,62 +93,49 @@ def ppo_loss(model: ActorCritic, batch: dict[str, torch.Tensor | dict], config: 
 
     entropy_loss = entropy.mean()
     loss = pg_loss - config.ent_coef * entropy_loss + config.vf_coef * v_loss
-    metrics = {"pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy_loss, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    metrics = {"pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy_loss, **ratio_metrics(logratio, config.clip_coef)}
     return loss, metrics
 
 
-def ppo_update(
-    model: ActorCritic,
-    step: GuardedStep,
-    batch: dict[str, torch.Tensor | dict],
-    config: PPOConfig,
-    generator: torch.Generator,
-) -> dict[str, torch.Tensor]:
-    """PPO's epochs over one batch (see ``run_epochs``); the metrics averaged over applied steps."""
-    return run_epochs(lambda minibatch: ppo_loss(model, minibatch, config), ("pg_loss", "v_loss", "entropy"),
-                      step, batch, config, generator)
+class PPO(Algorithm):
+    """PPO with GAE advantages bootstrapped by the critic; optional reward scaling (``reward_scale``)."""
 
+    name = "ppo"
+    Config = PPOConfig
+    loss_terms = ("pg_loss", "v_loss", "entropy")
 
-def run_epochs(
-    loss_fn: Callable[[dict], tuple[torch.Tensor, dict]],
-    loss_terms: tuple[str, ...],
-    step: GuardedStep,
-    batch: dict[str, torch.Tensor | dict],
-    config: PPOConfig,
-    generator: torch.Generator,
-) -> dict[str, torch.Tensor]:
-    """``update_epochs`` passes over ``batch``, each in exactly ``num_minibatches`` shuffled minibatches.
+    def __init__(self, config: PPOConfig, model: ActorCritic, ranks: Collectives):
+        super().__init__(config, model, ranks)
+        self.reward_scale = RewardScale(config.gamma) if config.reward_scale else None
 
-    The remainder of an uneven split is left out of that epoch (a new shuffle each epoch). The
-    minibatch count never depends on the batch size, so learner ranks with different batch sizes
-    take the same number of (collective) steps. ``loss_terms`` name the metrics whose
-    non-finiteness the guard reports. With ``target_kl``, the epochs stop early once the mean
-    ``approx_kl`` exceeds it. Returns the metrics averaged over the applied steps (tensors).
-    """
-    size = batch["actions"].shape[0]
-    if size < config.num_minibatches:
-        raise ValueError(f"a batch of {size} transitions cannot be split into {config.num_minibatches} minibatches")
-    minibatch_size = size // config.num_minibatches
-    totals: dict[str, torch.Tensor] = {}
-    applied = 0
-    for _ in range(config.update_epochs):
-        order = torch.randperm(size, generator=generator).to(batch["actions"].device)
-        for i in range(config.num_minibatches):
-            index = order[i * minibatch_size : (i + 1) * minibatch_size]
-            loss, metrics = loss_fn(select(batch, index))
-            grad_norm = step(loss, {k: metrics[k] for k in loss_terms})
-            if grad_norm is None:
-                continue
-            metrics["grad_norm"] = grad_norm
-            applied += 1
-            for name, value in metrics.items():
-                totals[name] = totals.get(name, 0.0) + value.detach()
-        target_kl = getattr(config, "target_kl", None)
-        if target_kl is not None and applied and totals["approx_kl"] / applied > target_kl:
-            break
-    return {name: value / max(applied, 1) for name, value in totals.items()}
+    @classmethod
+    def collection(cls, config: PPOConfig) -> FixedSteps:
+        return FixedSteps(config.num_steps)
 
+    def update(self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        if self.reward_scale is not None:  # before the advantages, which divide by its std
+            self.reward_scale.observe(chunks, self.ranks)
+        return super().update(chunks, step, generator)
 
-def select(batch: dict, index: torch.Tensor) -> dict:
-    """The rows ``index`` of every tensor in a (nested) batch."""
-    return {k: select(v, index) if isinstance(v, dict) else v.index_select(0, index) for k, v in batch.items()}
+    def batch(self, chunks: list[RolloutChunk]) -> Batch:
+        """Values, GAE advantages and returns (advantages + values) of every valid transition."""
+        parts = []
+        for chunk in chunks:
+            part, valid = transitions(chunk), chunk.mask
+            values, next_values = chunk_values(self.model.critic, chunk)
+            done = chunk.terminated | chunk.truncated
+            reward = chunk.reward if self.reward_scale is None else self.reward_scale.scale(chunk.reward)
+            advantages = gae(reward, values, next_values, done, valid, self.config.gamma, self.config.gae_lambda)
+            part.update(returns=(advantages + values)[valid], values=values[valid], advantages=advantages[valid])
+            parts.append(part)
+        return concat(parts)
+
+    def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return ppo_loss(self.model, minibatch, self.config)
+
+    def state_dict(self) -> dict:
+        return {"reward_scale": self.reward_scale.state_dict()} if self.reward_scale is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.reward_scale is not None and "reward_scale" in state:
+            self.reward_scale.load_state_dict(state["reward_scale"])

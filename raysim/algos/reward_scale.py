@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from raysim.algos.normalizer import RunningNorm, moments
-from raysim.rollout.chunk import RolloutChunk
+from raysim.algos.collectives import Collectives
+from raysim.models.normalizer import RunningNorm, combine, merge_across_ranks, moments
+from raysim.rollout import RolloutChunk
 
 
 class RewardScale:
@@ -23,6 +24,13 @@ class RewardScale:
         self.gamma = gamma
         self.norm = RunningNorm(1, clip=clip)
         self.returns: dict[int, torch.Tensor] = {}  # shard index -> [N] discounted return so far
+
+    def observe(self, chunks: list[RolloutChunk], ranks: Collectives) -> None:
+        """Merge the chunks' discounted returns, over every rank, into the running return statistics."""
+        batch = moments(torch.zeros(0, 1, dtype=torch.float64))
+        for chunk in chunks:
+            batch = combine(batch, self.batch_moments(chunk))
+        merge_across_ranks([(self.norm, batch)], ranks.gather, ranks.device)
 
     def batch_moments(self, chunk: RolloutChunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Advance the chunk's shard's accumulators through the chunk; the moments of its valid returns."""

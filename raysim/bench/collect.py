@@ -85,7 +85,7 @@ class Results:
 
 def _raysim_rows(n: int, steps: int, seed: int, use_ray: bool, results: Results):
     """The learner-side model, the in-process shard row and (optionally) the Ray actor row."""
-    from raysim.algos.models import ActorCritic, ModelConfig
+    from raysim.models import ActorCritic, ModelConfig
     from raysim.rollout.advantages import chunk_values
     from raysim.rollout.shard import EnvShard
 
@@ -212,7 +212,7 @@ def _envpool_row(n: int, steps: int, seed: int, model, results: Results, net: st
 
 
 def _floor_row(n: int, steps: int, model) -> Row:
-    from raysim.algos.fast import MLPInference
+    from raysim.models import MLPInference
     from raysim.rollout.advantages import critic_values
 
     obs_dim = model.critic.net[0].in_features
@@ -265,7 +265,7 @@ def _measure_scale(args, results: Results) -> list[list[str]]:
     """
     import ray
 
-    from raysim.algos.models import Actor, ModelConfig
+    from raysim.models import Actor, ModelConfig
     from raysim.rollout.shard import EnvShard
     from raysim.seeding import derive_seed
 

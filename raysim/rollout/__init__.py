@@ -1,7 +1,9 @@
-"""Rollout collection: EnvShard, the rollout chunk, the inference-mode context."""
+"""Rollout collection: EnvShard and its plans, the rollout chunk, the inference-mode context, advantages."""
 
 from raysim.rollout.chunk import RolloutChunk
+from raysim.rollout.endings import Collection, EvalEpisodes, FixedSteps, GroupEpisodes, GroupResetError
 from raysim.rollout.inference import inference
 from raysim.rollout.shard import EnvShard, NonFiniteError
 
-__all__ = ["EnvShard", "NonFiniteError", "RolloutChunk", "inference"]
+__all__ = ["Collection", "EnvShard", "EvalEpisodes", "FixedSteps", "GroupEpisodes", "GroupResetError", "NonFiniteError",
+           "RolloutChunk", "inference"]

@@ -5,8 +5,8 @@
     weights = group.get_weights()                          # rank 0's weights, an object ref
 
 Each rank reads only its own subset of the shards' chunks, so data ingress grows with the ranks;
-gradients and metrics are all-reduced inside the ranks. Steps that can fail on one rank only
-(snapshot export, checkpoint loading) end with an agreement: every rank raises the same error.
+gradients and metrics are all-reduced inside the ranks. Loading a state ends with an agreement:
+every rank raises the same error.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from raysim.actors import Backend
-from raysim.learner import Learner
+from raysim.learner.learner import Learner
 
 
 class LearnerGroup:
@@ -30,8 +30,8 @@ class LearnerGroup:
             backend.create(Learner, *args, rank=r, world_size=ranks, options=options, **kwargs) for r in range(ranks)
         ]
         if ranks > 1:
-            host, port = backend.get(self.handles[0].call("master_address"))
-            backend.get([h.call("join", host, port) for h in self.handles])
+            host, port = backend.get(self.handles[0].call(Learner.rendezvous_address))
+            backend.get([h.call(Learner.join, host, port) for h in self.handles])
 
     @property
     def ranks(self) -> int:
@@ -43,25 +43,26 @@ class LearnerGroup:
         Returns rank 0's counters (``env_steps`` summed over the ranks) and, with ``log``, the
         metrics since the last log step, already reduced across the ranks (see ``Learner.metrics``).
         """
-        calls = [h.call("update", *chunks[r :: self.ranks], log=log) for r, h in enumerate(self.handles)]
+        calls = [h.call(Learner.update, *chunks[r :: self.ranks], log=log) for r, h in enumerate(self.handles)]
         results = self.backend.get(calls)
         return {**results[0], "env_steps": sum(r["env_steps"] for r in results)}
 
     def metrics(self) -> dict[str, float]:
         """The metrics since the last log step, reduced across the ranks (one collective)."""
-        return self.backend.get([h.call("metrics") for h in self.handles])[0]
+        return self.backend.get([h.call(Learner.metrics) for h in self.handles])[0]
+
+    def alive(self) -> bool:
+        """Whether every rank's process still answers."""
+        return all(self.backend.alive(h, Learner.policy_version) for h in self.handles)
 
     def get_weights(self) -> Any:
         """Rank 0's versioned actor weights (a future / object ref; every rank holds the same)."""
-        return self.handles[0].call("get_weights")
+        return self.handles[0].call(Learner.get_weights)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.backend.get(self.handles[0].call("state_dict"))
+        return self.backend.get(self.handles[0].call(Learner.state_dict))
 
-    def load(self, checkpoint: str) -> None:
-        """Every rank loads the checkpoint; a failure on any rank is raised by all."""
-        self.backend.get([h.call("load", checkpoint) for h in self.handles])
-
-    def export_env(self, env: dict[str, Any], resources: str) -> dict[str, Any]:
-        """The env config with its task resources exported into ``resources`` (rank 0 writes)."""
-        return self.backend.get([h.call("export_env", env, resources) for h in self.handles])[0]
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Every rank restores ``state`` (moved to the cluster once); a failure on any rank is raised by all."""
+        shared = self.backend.put(state)
+        self.backend.get([h.call(Learner.load_state, shared) for h in self.handles])

@@ -10,11 +10,13 @@ state_dict in checkpoints. The forward is
 The statistics change only in ``Learner.update``, from the valid observations of the training
 chunks (never from evaluation, terminal-value inference or the shards). Batches are merged with
 the parallel-variance formula (``combine``, Chan et al.); with several learner ranks every rank
-merges every rank's batch statistics in rank order (``Learner.update_normalizers``), so all ranks
-hold identical statistics.
+combines every rank's batch statistics in rank order (``merge_across_ranks``), so all ranks hold
+identical statistics.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
@@ -87,3 +89,28 @@ class RunningNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.mean.numel()}, clip={self.clip}, epsilon={self.epsilon}"
+
+
+Moments = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (count, mean [D], population var [D])
+
+
+def merge_across_ranks(
+    batches: list[tuple[RunningNorm, Moments]], gather: Callable[[torch.Tensor], list[torch.Tensor]], device: torch.device
+) -> None:
+    """Merge each rank's batch statistics into its running norm, combined over every rank in rank order.
+
+    One all-gather (``gather``) of every norm's packed ``[count, mean, var]``; each rank then combines
+    the ranks' statistics in rank order (float64) and merges the union into the norm, so all ranks
+    hold identical statistics, those of one pass over the union of their batches.
+    """
+    local = torch.cat([torch.cat([count.reshape(1), mean, var]).to(device) for _, (count, mean, var) in batches])
+    parts = gather(local)
+    offset = 0
+    for norm, (_, mean, _) in batches:
+        dim = mean.numel()
+        merged = None
+        for part in parts:  # in rank order
+            stats = (part[offset], part[offset + 1 : offset + 1 + dim], part[offset + 1 + dim : offset + 1 + 2 * dim])
+            merged = stats if merged is None else combine(merged, stats)
+        norm.merge(tuple(x.to(norm.count.device) for x in merged))
+        offset += 1 + 2 * dim

@@ -1,7 +1,7 @@
 """MLP actor-critic: a Categorical or Gaussian actor on the ``policy`` group, a critic on ``critic``.
 
 With ``obs_norm`` each network normalizes its input group by running statistics
-(``raysim.algos.normalizer.RunningNorm``, submodule ``obs_norm``), updated by the learner only.
+(``raysim.models.normalizer.RunningNorm``, submodule ``obs_norm``), updated by the learner only.
 
 The shards hold only the ``Actor``; the learner holds the whole ``ActorCritic``. Both are built
 from the env's spaces and one ``ModelConfig``, so a shard's actor loads the learner's actor weights.
@@ -18,19 +18,18 @@ import math
 from dataclasses import dataclass, field
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
-from raysim.algos.normalizer import RunningNorm
+from raysim.models.normalizer import RunningNorm
 
 
 class Tanh(nn.Module):
     """tanh computed as ``2 * sigmoid(2x) - 1``: the same function to float32 rounding (absolute
-    error ~1e-7), about 5x cheaper than ``torch.tanh`` on CPU builds where tanh is not vectorized
-    (2.9 vs 0.55 ns per element measured here; tanh was the largest cost of collection at 1024 rows).
-
-    The scalings by 2 are exact in floating point, so the fused inference path
-    (``raysim.algos.fast``) computes bitwise the same values as this forward.
+    error ~1e-7), and much cheaper than ``torch.tanh`` on CPU builds where tanh is not vectorized
+    (see benchmarks/README.md). The scalings by 2 are exact in floating point, so the fused
+    inference path (``raysim.models.fused``) computes bitwise the same values as this forward.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -91,8 +90,8 @@ class Actor(nn.Module):
         self.net = mlp(in_dim, config.hidden_sizes, out_dim, config.activation, 0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
-            low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
-            high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)
+            low = torch.tensor(np.asarray(action_space.low, dtype=np.float32)).reshape(-1)  # a copy: the
+            high = torch.tensor(np.asarray(action_space.high, dtype=np.float32)).reshape(-1)  # space's arrays are read-only
             self.register_buffer("action_low", low, persistent=False)
             self.register_buffer("action_high", high, persistent=False)
             self.squash = config.action_transform == "squash"
@@ -135,9 +134,17 @@ class Actor(nn.Module):
         """The action the env receives for a sampled one (continuous: clipped or squashed)."""
         if self.discrete:
             return action
-        if self.squash:
-            return self.action_low + (torch.tanh(action) + 1) * 0.5 * (self.action_high - self.action_low)
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        return to_action_space(action, self.action_low, self.action_high, self.squash)
+
+
+def to_action_space(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor, squash: bool) -> torch.Tensor:
+    """A continuous action mapped into ``[low, high]``: ``tanh`` scaled into it (``squash``) or clipped.
+
+    The one mapping of the shards, evaluation and exported policies (TorchScript compiles it too).
+    """
+    if squash:
+        return low + (torch.tanh(action) + 1) * 0.5 * (high - low)
+    return torch.maximum(torch.minimum(action, high), low)
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None,
@@ -178,3 +185,8 @@ class ActorCritic(nn.Module):
         super().__init__()
         self.actor = Actor(observation_spaces, action_space, config)
         self.critic = Critic(observation_spaces, config) if config.critic else None
+
+
+def actor_state(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ``Actor``'s entries of an ``ActorCritic`` state_dict (a checkpoint's ``state["model"]``)."""
+    return {k[len("actor.") :]: v for k, v in model_state.items() if k.startswith("actor.")}

@@ -6,7 +6,7 @@ temporary tensor, at large ones the activation. This runs the same layers as fus
 torch calls into buffers allocated once per batch size:
 
 - ``Linear``: ``torch.addmm(bias, x, weight.t())``, the very call ``nn.Linear`` makes;
-- ``Tanh`` (``raysim.algos.models.Tanh``, ``2 * sigmoid(2z) - 1``): the factor 2 folded into
+- ``Tanh`` (``raysim.models.networks.Tanh``, ``2 * sigmoid(2z) - 1``): the factor 2 folded into
   ``addmm`` (``alpha = beta = 2``), ``sigmoid_``, then ``2s - 1`` in one ``add``. Scaling by 2 is
   exact in floating point, so each value is bitwise what the module computes;
 - ``ReLU``: ``relu_``; any other module is called as is;
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from raysim.algos.models import Tanh
-from raysim.algos.normalizer import RunningNorm
+from raysim.models.networks import Tanh
+from raysim.models.normalizer import RunningNorm
 
 
 class MLPInference:

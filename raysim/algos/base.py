@@ -1,0 +1,70 @@
+"""The algorithm interface: everything the learner and the coordinator need to know of an algorithm.
+
+The learner calls it and never names an algorithm::
+
+    algorithm = algorithm_class(config.name)(config, model, ranks)
+    metrics = algorithm.update(chunks, step, generator)     # advantages, then epochs of the loss
+
+and the coordinator asks it how the shards collect (``collection``) and checks the config
+(``check``). PPO and GRPO implement it in their own files; a third algorithm is one more file,
+found by name in the registry (``raysim.algos``) or as ``module.path:Class``.
+
+The learner reads these fields of every algorithm config: ``lr``, ``lr_schedule`` (``constant`` |
+``linear``), ``max_grad_norm``, ``max_nonfinite_updates``; ``run_epochs`` reads ``update_epochs``,
+``num_minibatches`` and, where present, ``target_kl``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from raysim.algos.collectives import Collectives
+from raysim.algos.epochs import Batch, run_epochs
+from raysim.algos.guard import GuardedStep
+from raysim.models import ActorCritic
+from raysim.rollout import Collection, RolloutChunk
+
+
+class Algorithm:
+    """One training algorithm: how shards collect for it, its batch (advantages), its loss on a minibatch."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]  # the dataclass of its ``algo`` config section
+    uses_critic: ClassVar[bool] = True  # False: the learner builds no critic by default and runs no value inference
+    loss_terms: ClassVar[tuple[str, ...]]  # the metrics whose non-finiteness the optimizer step's guard names
+
+    def __init__(self, config: Any, model: ActorCritic, ranks: Collectives):
+        if self.uses_critic and model.critic is None:
+            raise ValueError(f"algo {self.name!r} needs a critic, but model.critic is false")
+        self.config, self.model, self.ranks = config, model, ranks
+
+    @classmethod
+    def collection(cls, config: Any) -> Collection:
+        """What each shard collects per iteration."""
+        raise NotImplementedError
+
+    @classmethod
+    def check(cls, config: Any, num_envs: int) -> None:
+        """Refuse settings that cannot work together (``ValueError`` naming the ``algo.*`` key)."""
+
+    def batch(self, chunks: list[RolloutChunk]) -> Batch:
+        """Every valid transition of the chunks with what the loss needs (``obs``, ``actions``, ``logprobs``,
+        ``advantages``, ...), flattened into one batch."""
+        raise NotImplementedError
+
+    def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one minibatch and its metrics (tensors, still on the device)."""
+        raise NotImplementedError
+
+    def update(self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """One update on the chunks: ``run_epochs`` of the loss over the batch; the metrics."""
+        return run_epochs(self.loss, self.loss_terms, step, self.batch(chunks), self.config, generator)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the algorithm adds to a checkpoint (beside the model and optimizer)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` added (the learner's whole state is passed)."""

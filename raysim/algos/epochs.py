@@ -1,0 +1,75 @@
+"""``run_epochs``: the minibatch epochs of an update, shared by the algorithms that train on a batch."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from raysim.algos.guard import GuardedStep
+from raysim.rollout import RolloutChunk
+
+Batch = dict[str, Any]  # tensors [B, ...] (observations: a dict of groups), one row per valid transition
+
+
+def run_epochs(
+    loss_fn: Callable[[Batch], tuple[torch.Tensor, dict]],
+    loss_terms: tuple[str, ...],
+    step: GuardedStep,
+    batch: Batch,
+    config: Any,
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """``config.update_epochs`` passes over ``batch``, each in exactly ``config.num_minibatches`` shuffled minibatches.
+
+    The remainder of an uneven split is left out of that epoch (a new shuffle each epoch). The
+    minibatch count never depends on the batch size, so learner ranks with different batch sizes
+    take the same number of (collective) steps. ``loss_terms`` name the metrics whose
+    non-finiteness the guard reports. With ``config.target_kl``, the epochs stop early once the mean
+    ``approx_kl`` exceeds it. Returns the metrics averaged over the applied steps (tensors).
+    """
+    size = batch["actions"].shape[0]
+    if size < config.num_minibatches:
+        raise ValueError(f"a batch of {size} transitions cannot be split into {config.num_minibatches} minibatches")
+    minibatch_size = size // config.num_minibatches
+    target_kl = getattr(config, "target_kl", None)
+    totals: dict[str, torch.Tensor] = {}
+    applied = 0
+    for _ in range(config.update_epochs):
+        order = torch.randperm(size, generator=generator).to(batch["actions"].device)
+        for i in range(config.num_minibatches):
+            index = order[i * minibatch_size : (i + 1) * minibatch_size]
+            loss, metrics = loss_fn(select(batch, index))
+            grad_norm = step(loss, {k: metrics[k] for k in loss_terms})
+            if grad_norm is None:
+                continue
+            metrics["grad_norm"] = grad_norm
+            applied += 1
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + value.detach()
+        if target_kl is not None and applied and totals["approx_kl"] / applied > target_kl:
+            break
+    return {name: value / max(applied, 1) for name, value in totals.items()}
+
+
+def select(batch: Batch, index: torch.Tensor) -> Batch:
+    """The rows ``index`` of every tensor in a (nested) batch."""
+    return {k: select(v, index) if isinstance(v, dict) else v.index_select(0, index) for k, v in batch.items()}
+
+
+def concat(parts: list[Batch]) -> Batch:
+    """Concatenate a list of (nested) batches along the first dimension."""
+    return {
+        k: concat([p[k] for p in parts]) if isinstance(parts[0][k], dict) else torch.cat([p[k] for p in parts])
+        for k in parts[0]
+    }
+
+
+def transitions(chunk: RolloutChunk) -> Batch:
+    """The valid transitions of a chunk: ``obs`` (every group), ``actions``, ``logprobs``."""
+    valid = chunk.mask
+    return {
+        "obs": {k: v[:-1][valid] for k, v in chunk.obs.items()},
+        "actions": chunk.actions[valid],
+        "logprobs": chunk.logp[valid],
+    }

@@ -1,0 +1,7 @@
+"""The coordinator role: the training loop (``Trainer``), its roles and collection, evaluating a saved run."""
+
+from raysim.coordinator.evaluate import evaluate
+from raysim.coordinator.run_state import RunState
+from raysim.coordinator.trainer import ResumePoint, Summary, Trainer
+
+__all__ = ["ResumePoint", "RunState", "Summary", "Trainer", "evaluate"]

@@ -1,0 +1,55 @@
+"""``evaluate(run_dir)``: a saved policy evaluated on fresh evaluation shards (``raysim eval``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from raysim.checkpoint import load_checkpoint, locate_checkpoint
+from raysim.config import load_config
+from raysim.coordinator.roles import create_shard, start_backend
+from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
+from raysim.models import actor_state
+from raysim.rollout import EnvShard
+
+
+def evaluate(
+    run_dir_or_checkpoint: str | Path,
+    episodes: int = 100,
+    seed: int | None = None,
+    shards: int | None = None,
+    envs_per_shard: int | None = None,
+    deterministic: bool = True,
+    balanced: bool = True,
+    out: str | Path | None = None,
+    backend: str | None = None,
+    address: str | None = None,
+    on_scored_episode: Callable[[dict], None] | None = None,
+    on_episode: Callable[[dict], None] | None = None,
+) -> EvalReport:
+    """Evaluate a run's latest checkpoint (or the given checkpoint directory); see ``raysim eval``."""
+    run_dir, checkpoint = locate_checkpoint(run_dir_or_checkpoint)
+    overrides = [f"eval.episodes={episodes}", f"eval.deterministic={deterministic}", f"eval.balanced={balanced}"]
+    for key, value in (("eval.seed", seed), ("eval.shards", shards), ("eval.num_envs", envs_per_shard), ("backend", backend)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    config = load_config(run_dir / "configs" / "train.yaml", overrides)
+    state, meta = load_checkpoint(checkpoint)
+    weights = {"version": int(meta.get("iteration", 0)), "actor": actor_state(state["model"])}
+    runner, started = start_backend(config, address)
+    try:
+        handles = [create_shard(runner, config, i, evaluation=True) for i in range(config.eval.shards)]
+        _, _, max_episode_steps = runner.get(handles[0].call(EnvShard.spaces))
+        report = evaluate_on_shards(
+            runner, lambda i: create_shard(runner, config, i, evaluation=True), handles,
+            [config.eval.num_envs] * len(handles), weights, EvalSpec.of(config.eval, max_episode_steps),
+            on_scored_episode, on_episode,
+        )
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    if out is not None:
+        write_records(out, report.records)
+    return report

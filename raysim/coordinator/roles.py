@@ -1,0 +1,90 @@
+"""The run's roles built from its config: the backend (an embedded or attached Ray), shards, the learner group."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from raysim.actors import Backend, Handle, LocalBackend, RayBackend
+from raysim.config import Config
+from raysim.learner import LearnerGroup
+from raysim.rollout import EnvShard
+from raysim.seeding import derive_seed
+
+
+@dataclass
+class Roles:
+    """The actors of a run (the shard lists change as shards are replaced or added)."""
+
+    shards: list[Handle]
+    eval_shards: list[Handle]
+    learner: LearnerGroup
+    max_episode_steps: int | None
+    spaces: tuple  # the env's observation spaces and action space, to build a learner again
+
+
+def start_backend(config: Config, address: str | None = None) -> tuple[Backend, bool]:
+    """The backend of ``config``; starts an embedded local Ray when none is running and no address is given.
+
+    Returns ``(backend, started)``: ``started`` is True when this call started Ray (then the
+    caller shuts it down).
+    """
+    if config.backend == "local":
+        return LocalBackend(), False
+    if config.backend != "ray":
+        raise ValueError(f"backend must be 'ray' or 'local', got {config.backend!r}")
+    import ray
+
+    if ray.is_initialized():
+        return RayBackend(), False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+    else:  # the embedded local Ray: enough logical CPUs for every role of this run
+        wanted = (config.shards.count + config.eval.shards) * config.shards.num_cpus + config.learner.num_cpus
+        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), include_dashboard=False)
+    return RayBackend(), True
+
+
+def shard_request(config: Config) -> dict[str, float]:
+    """The Ray resources one shard asks for."""
+    return {"CPU": config.shards.num_cpus, **config.shards.resources}
+
+
+def create_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:
+    """Training shard ``index`` (or evaluation shard ``index``) of ``config``.
+
+    ``generation`` counts replacements of a shard that died: a replacement plays new episodes.
+    """
+    num_envs = config.eval.num_envs if evaluation else config.env.num_envs
+    keys = (11 if evaluation else 10, index) + ((generation,) if generation else ())
+    seed = derive_seed(config.eval.seed if evaluation else config.seed, *keys)
+    return backend.create(
+        EnvShard, config.env.id, num_envs, seed=seed, model=config.model, env_kwargs=config.env.kwargs,
+        shard_index=index, on_nonfinite=config.env.on_nonfinite,
+        options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},
+    )
+
+
+def create_learner(backend: Backend, config: Config, spaces: tuple, iterations: int) -> LearnerGroup:
+    """The learner group of ``config`` (``learner.ranks`` ranks); ``iterations``: the updates planned."""
+    return LearnerGroup(
+        backend, config.learner.ranks, *spaces, config.model, config.algo, iterations, seed=config.seed,
+        device=config.learner.device,
+        options={"num_cpus": config.learner.num_cpus, "num_gpus": config.learner.num_gpus,
+                 "resources": dict(config.learner.resources)},
+    )
+
+
+def create_roles(backend: Backend, config: Config, iterations: int) -> Roles:
+    """Every role of a run: training shards, evaluation shards (when the run evaluates), the learner group."""
+    shards = [create_shard(backend, config, i) for i in range(config.shards.count)]
+    if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
+        backend.request_capacity(shard_request(config), config.shards.max)
+    evaluates = config.eval.episodes or config.eval.every or config.eval.every_steps
+    eval_shards = [create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)]
+    observation_spaces, action_space, max_episode_steps = backend.get(shards[0].call(EnvShard.spaces))
+    spaces: tuple[Any, ...] = (observation_spaces, action_space)
+    return Roles(shards, eval_shards, create_learner(backend, config, spaces, iterations), max_episode_steps, spaces)

@@ -1,0 +1,54 @@
+"""The run directory and its frozen configs: ``configs/gym.yaml`` (with exported resources) and ``configs/train.yaml``.
+
+The coordinator is the one role that writes them: the task's resource export hook runs here, in
+the driver, and writes into the run's ``resources/``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.config import Config, to_dict
+from raysim.envs.registry import export_resources
+from raysim.storage import write_atomically
+
+
+def new_run_dir(config: Config) -> Path:
+    """A new, empty run directory: ``run_dir``, or ``runs/<name>`` (suffixed when taken)."""
+    base = Path(config.run_dir) if config.run_dir else Path("runs") / config.name
+    path, n = base, 1
+    while path.exists() and any(path.iterdir()):
+        path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    (path / "configs").mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_snapshot(run_dir: Path, config: Config) -> None:
+    """Freeze the run's configs: ``gym.yaml`` (the env, its resources exported by the task's hook into
+    ``resources/``, files relative to it, metadata verbatim) and ``train.yaml`` (the whole run config,
+    its env a component reference to gym.yaml)."""
+    env = to_dict(config.env)
+    exported = export_resources(env["id"], env["kwargs"] or {}, run_dir / "resources")
+    configs = run_dir / "configs"
+    gym = {"id": env["id"], "kwargs": relative_files(exported, configs), "metadata": config.env.metadata}
+    train = to_dict(config)
+    train["train"]["stop_after"] = None  # runtime-only: a resume runs to the end unless told otherwise
+    train["env"] = {"component": "gym.yaml", "num_envs": config.env.num_envs, "on_nonfinite": config.env.on_nonfinite}
+    for name, data in (("gym.yaml", gym), ("train.yaml", train)):
+        text = yaml.safe_dump(data, sort_keys=False)
+        write_atomically(configs / name, lambda tmp, text=text: tmp.write_text(text))
+
+
+def relative_files(value: Any, base: Path) -> Any:
+    """Every ``{file: PATH}`` made relative to ``base`` (so the run directory can move)."""
+    if isinstance(value, dict):
+        if set(value) == {"file"}:
+            return {"file": os.path.relpath(value["file"], base)}
+        return {k: relative_files(v, base) for k, v in value.items()}
+    if isinstance(value, list):
+        return [relative_files(v, base) for v in value]
+    return value

@@ -1,0 +1,194 @@
+"""``Learner``: the model, the optimizer and its schedule, the observation statistics, the algorithm's update.
+
+The coordinator's loop calls it once per iteration (in-process or as a Ray actor, same class)::
+
+    weights = learner.get_weights()            # remote: an object ref, handed to the shards
+    chunks = [shard.collect(weights, plan) for shard in shards]
+    metrics = learner.update(*chunks)          # remote: the shards' chunk refs, resolved by Ray
+
+Chunks reach the learner as object refs resolved by Ray, never through the driver; the weights
+leave it as one object ref that every shard reads. What the update computes is the algorithm's
+(``raysim.algos``): the learner never names one. It reads and writes no files: a checkpoint's
+state comes in and goes out as plain data (the coordinator owns run storage).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from raysim.algos import algorithm_class
+from raysim.algos.guard import GuardedStep
+from raysim.learner.ranks import RankGroup
+from raysim.learner.window import MetricWindow, episode_stats, episode_sums, reduce_gathered, to_host
+from raysim.models import ActorCritic, ModelConfig
+from raysim.models.normalizer import merge_across_ranks, moments
+from raysim.rollout import RolloutChunk
+from raysim.seeding import derive_seed
+
+LR_SCHEDULES = ("constant", "linear")
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto``: the GPU Ray assigned to this process when there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"learner.device is {device!r} but no GPU is visible here (learner.num_gpus > 0?)")
+    return torch.device(device)
+
+
+class Learner:
+    """Trains an ``ActorCritic`` with the algorithm ``algo.name`` on rollout chunks; publishes versioned weights.
+
+    ``iterations``: the updates the run plans, the horizon of a ``linear`` learning-rate schedule.
+    """
+
+    def __init__(
+        self,
+        observation_spaces: dict[str, gym.Space],
+        action_space: gym.Space,
+        model: ModelConfig,
+        algo: Any,
+        iterations: int,
+        seed: int = 0,
+        device: str = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        self.device = resolve_device(device)
+        self.ranks = RankGroup(rank, world_size, self.device)
+        with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank; the caller's RNG untouched
+            torch.manual_seed(derive_seed(seed, 3))
+            self.model = ActorCritic(observation_spaces, action_space, model).to(self.device)
+        self.algorithm = algorithm_class(algo.name)(algo, self.model, self.ranks)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=algo.lr, eps=1e-5)
+        if algo.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"algo.lr_schedule must be one of {LR_SCHEDULES}, got {algo.lr_schedule!r}")
+        linear = algo.lr_schedule == "linear"
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda i: max(0.0, 1.0 - i / max(1, iterations)) if linear else 1.0
+        )
+        self.step = GuardedStep(self.optimizer, algo.max_grad_norm, algo.max_nonfinite_updates, self.ranks)
+        self.generator = torch.Generator()
+        self.generator.manual_seed(derive_seed(seed, 4, rank))
+        self.version = 0
+        self.window = MetricWindow()  # metrics since the last log step, tensors on the device
+
+    # -- the rank group ------------------------------------------------------------------------
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Rank 0: where the other ranks meet it."""
+        return self.ranks.rendezvous_address()
+
+    def join(self, host: str, port: int) -> None:
+        """Join the torch.distributed group of every rank."""
+        self.ranks.join(host, port)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def policy_version(self) -> int:
+        """The version of the weights (the number of updates applied)."""
+        return self.version
+
+    def get_weights(self) -> dict[str, Any]:
+        """The actor's weights for the shards: ``{"version": v, "actor": state_dict on CPU}``."""
+        actor = {k: v.detach().to("cpu", copy=True) for k, v in self.model.actor.state_dict().items()}
+        return {"version": self.version, "actor": actor}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue training: model, optimizer, schedule, RNG, version, the algorithm's."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+            "version": self.version,
+            **self.algorithm.state_dict(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> int:
+        """Restore a ``state_dict`` result on every rank (errors agreed on); returns the policy version."""
+        error = None
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.generator.set_state(state["generator"])
+            self.version = int(state["version"])
+            self.algorithm.load_state_dict(state)
+        except Exception as caught:  # noqa: BLE001 - every failure is agreed on, then raised
+            error = caught
+        self.ranks.agree("loading the checkpoint's state", error)
+        return self.version
+
+    # -- training ------------------------------------------------------------------------------
+
+    def update(self, *chunks: RolloutChunk, log: bool = True) -> dict[str, float]:
+        """One update on the chunks; returns counters, and at a log step the metrics.
+
+        Always returned (host data, no device copy): this rank's ``env_steps`` (the group sums
+        them), ``policy_version``, ``skipped_updates`` and ``lr``. The update's metrics and the
+        episode statistics stay tensors on the device, accumulated over the iterations since the
+        last log step; with ``log`` (or a later ``metrics()`` call) they are reduced across ranks
+        and copied to the host once (see ``metrics``).
+        """
+        chunks_here = [to_device(c, self.device) for c in chunks]
+        self.update_normalizers(chunks_here)  # before the algorithm's values and advantages (model.obs_norm)
+        metrics = self.algorithm.update(chunks_here, self.step, self.generator)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.version += 1
+        self.window.add(metrics, episode_sums(chunks))
+        result = {"env_steps": sum(int(c.env_steps) for c in chunks), "policy_version": self.version,
+                  "skipped_updates": self.step.skipped, "lr": lr}
+        if log:
+            result.update(self.metrics())
+        return result
+
+    def update_normalizers(self, chunks: list[RolloutChunk]) -> None:
+        """Merge the chunks' valid observations into the running observation statistics (``model.obs_norm``).
+
+        The only place the statistics change: from training chunks (``obs[g][:-1][mask]``; never
+        final_obs, evaluation or the shards). The actor's normalizer takes group ``policy``, the
+        critic's its own group; all ranks end with the statistics of the union of their batches.
+        """
+        networks = [(m.obs_norm, "policy" if m is self.model.actor else m.group)
+                    for m in (self.model.actor, self.model.critic) if m is not None and m.obs_norm is not None]
+        if not networks:
+            return
+        batches = [(norm, moments(torch.cat([c.obs[group][:-1][c.mask].flatten(1) for c in chunks])))
+                   for norm, group in networks]
+        merge_across_ranks(batches, self.ranks.gather, self.device)
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics of the iterations since the last log step, reduced across ranks; resets them.
+
+        Every rank calls it (one collective: an all-gather of one stacked vector per rank); the
+        reduction (means of the update's metrics, sums of the episode counts, min / max of the
+        returns) happens on the device, and rank 0 copies the result to the host once
+        (``to_host``) and returns it; the other ranks return ``{}``.
+        """
+        names, vector = self.window.vector(self.device)
+        self.window = MetricWindow()
+        gathered = torch.stack(self.ranks.gather(vector))
+        if self.ranks.rank != 0:
+            return {}
+        values = to_host(reduce_gathered(names, gathered))
+        result = dict(zip(names.means, values))
+        sums = dict(zip(names.sums, values[len(names.means) :]))
+        result.update(episode_stats(sums, values[-2], values[-1]))
+        return result
+
+
+def to_device(chunk: RolloutChunk, device: torch.device) -> RolloutChunk:
+    """The chunk's tensors on ``device`` (the same object when already there)."""
+    if device.type == "cpu":
+        return chunk
+    fields = {
+        k: ({g: t.to(device) for g, t in v.items()} if isinstance(v, dict) else v.to(device) if torch.is_tensor(v) else v)
+        for k, v in vars(chunk).items()
+    }
+    return RolloutChunk(**fields)

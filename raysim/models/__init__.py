@@ -1,0 +1,20 @@
+"""The networks: the actor the shards act with and the learner trains, the critic, their input normalizer.
+
+They sit below ``raysim.rollout`` (a shard acts with the ``Actor``; the learner computes values with
+the ``Critic``) and know nothing of rollouts, algorithms or Ray.
+"""
+
+from raysim.models.fused import MLPInference
+from raysim.models.networks import (
+    Actor,
+    ActorCritic,
+    Critic,
+    ModelConfig,
+    actor_state,
+    sample_categorical,
+    to_action_space,
+)
+from raysim.models.normalizer import RunningNorm
+
+__all__ = ["Actor", "ActorCritic", "Critic", "MLPInference", "ModelConfig", "RunningNorm", "actor_state", "sample_categorical",
+           "to_action_space"]

@@ -1,0 +1,401 @@
+"""What one acting run of a shard is for, and what ends it: the plans the coordinator sends, and their endings.
+
+``EnvShard`` has one acting loop (``EnvShard.act``); what differs between a training chunk, a round of
+GRPO groups and an evaluation is how the run starts, what it records and what ends it. A *plan* is
+the small, picklable request (``FixedSteps``, ``GroupEpisodes``, ``EvalEpisodes``); the shard turns it
+into an *ending*, the object its loop consults::
+
+    obs = ending.begin()
+    while ending.running(t):
+        ending.observe(t, obs)                     # the chunk keeps obs[t]
+        step = env.step(env_action(ending.act(t, obs)))
+        ...                                        # non-finite rows found and discarded (EnvShard)
+        ending.after_step(t, step, bad)            # masks, episode ends, row resets
+        obs = step.obs
+
+- ``FixedSteps(T)``: a chunk of ``T`` steps that continues the rows' running episodes (PPO);
+- ``GroupEpisodes(G, max_steps)``: every row plays one episode from its group's shared start (GRPO);
+- ``EvalEpisodes(...)``: seeded episodes with per-row quotas; returns records, not a chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from raysim.envs.contract import Obs, Step
+from raysim.rollout.chunk import RolloutChunk
+from raysim.seeding import derive_seed
+
+if TYPE_CHECKING:  # the shard drives its endings; they only read and reset its env and actor
+    from raysim.rollout.shard import EnvShard
+
+
+@dataclass(frozen=True)
+class FixedSteps:
+    """A training chunk of ``num_steps`` steps; the rows' episodes continue across chunks."""
+
+    num_steps: int
+
+    @property
+    def steps_per_row(self) -> int:
+        return self.num_steps
+
+
+@dataclass(frozen=True)
+class GroupEpisodes:
+    """One episode per row; rows ``[gG, (g+1)G)`` start from one shared reset seed (GRPO groups).
+
+    The round stops when every row finished, or after ``max_steps`` steps (running episodes are cut).
+    """
+
+    group_size: int
+    max_steps: int
+
+    @property
+    def steps_per_row(self) -> None:
+        """Varies: a round lasts until every row finished its episode."""
+        return None
+
+
+@dataclass(frozen=True)
+class EvalEpisodes:
+    """Seeded evaluation episodes on a shard's rows: row ``r`` plays ``quotas[r]`` counted episodes.
+
+    Episode ``k`` of global row ``row_offset + r`` starts from ``derive_seed(seed, row_offset + r, k)``.
+    ``max_steps`` bounds the batched steps; ``stop_after`` ends the run once that many episodes were
+    counted ("first n to finish", the biased count kept for comparison).
+    """
+
+    quotas: Sequence[int]
+    row_offset: int
+    seed: int
+    max_steps: int
+    deterministic: bool = True
+    stop_after: int | None = None
+
+
+Collection = FixedSteps | GroupEpisodes  # what an algorithm asks the shards to collect
+
+
+class Ending:
+    """The parts of the acting loop that depend on what the run is for (see the module docstring)."""
+
+    #: False: finiteness may be checked once over the recorded chunk afterwards (``on_nonfinite: raise``).
+    checks_each_step = True
+
+    def begin(self) -> Obs:
+        raise NotImplementedError
+
+    def running(self, t: int) -> bool:
+        raise NotImplementedError
+
+    def observe(self, t: int, obs: Obs) -> None:
+        """Before acting at step ``t``."""
+
+    def act(self, t: int, obs: Obs) -> torch.Tensor:
+        raise NotImplementedError
+
+    def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
+        """After the env stepped; ``bad`` marks rows whose non-finite values were discarded (or None)."""
+
+
+class ChunkBuffer:
+    """The tensors of one chunk, allocated for it (owned) and written in place step by step.
+
+    ``capacity`` steps are allocated; ``build(T)`` keeps the first ``T`` (copied when ``T`` is less,
+    so a chunk never holds the unused tail).
+    """
+
+    def __init__(self, shard: EnvShard, obs: Obs, capacity: int):
+        self.shard = shard
+        T, N = capacity, shard.env.num_envs
+        self.capacity = T
+        self.obs = {k: torch.empty((T + 1, *v.shape), dtype=v.dtype) for k, v in obs.items()}
+        self.logp = torch.empty(T, N)
+        self.reward = torch.empty(T, N)
+        self.terminated = torch.empty(T, N, dtype=torch.bool)
+        self.truncated = torch.empty(T, N, dtype=torch.bool)
+        self.mask = torch.ones(T, N, dtype=torch.bool)
+        self.fast = shard.actor.discrete  # discrete actions are sampled straight into the buffers
+        self.actions = torch.empty(T, N, dtype=torch.int64) if self.fast else None
+        self.finals: list[tuple[int, Step]] = []
+        self.nonfinite = 0
+        # per-step views made once per chunk (one unbind each instead of an indexing call per step)
+        self.obs_t = {k: v.unbind(0) for k, v in self.obs.items()}
+        self.reward_t, self.logp_t = self.reward.unbind(0), self.logp.unbind(0)
+        self.terminated_t, self.truncated_t = self.terminated.unbind(0), self.truncated.unbind(0)
+        self.actions_t = self.actions.unbind(0) if self.fast else None
+
+    def observe(self, t: int, obs: Obs) -> None:
+        for k, v in obs.items():
+            self.obs_t[k][t].copy_(v)
+
+    def act(self, t: int, obs: Obs) -> torch.Tensor:
+        """A sampled action for every row, written with its log-probability into step ``t``."""
+        if self.fast:
+            return self.shard.sample_discrete(obs["policy"], self.actions_t[t], self.logp_t[t])
+        action, self.logp[t] = self.shard.actor.sample(obs["policy"], self.shard.generator)
+        if self.actions is None:
+            self.actions = torch.empty((self.capacity, *action.shape), dtype=action.dtype)
+        self.actions[t] = action
+        return action
+
+    def record(self, t: int, step: Step) -> None:
+        if step.valid is not None:
+            self.mask[t] = step.valid
+        self.reward_t[t].copy_(step.reward)
+        self.terminated_t[t].copy_(step.terminated)
+        self.truncated_t[t].copy_(step.truncated)
+        if step.done_rows.numel():
+            self.finals.append((t, step))
+
+    def build(self, steps: int, last_obs: Obs, episodes: dict[str, torch.Tensor] | None = None) -> RolloutChunk:
+        """The chunk of the first ``steps`` steps; ``episodes`` default to the finished rows' reports."""
+        for k, v in last_obs.items():
+            self.obs[k][steps].copy_(v)
+        finals = self.finals
+        final_obs = {k: torch.cat([s.final_obs[k] for _, s in finals]) for k in self.obs} if finals else {
+            k: v.new_empty((0, *v.shape[2:])) for k, v in self.obs.items()
+        }
+        final_t = torch.cat([torch.full_like(s.done_rows, t) for t, s in finals]) if finals else torch.empty(0, dtype=torch.int64)
+        final_row = torch.cat([s.done_rows for _, s in finals]) if finals else torch.empty(0, dtype=torch.int64)
+        if episodes is None:
+            episodes = finished_episodes(finals)
+            episodes["row"], episodes["t"] = final_row.clone(), final_t.clone()
+
+        def kept(x: torch.Tensor, extra: int = 0) -> torch.Tensor:
+            return x if steps == self.capacity else x[: steps + extra].clone()
+
+        return RolloutChunk(
+            obs={k: kept(v, 1) for k, v in self.obs.items()},
+            actions=kept(self.actions),
+            logp=kept(self.logp),
+            reward=kept(self.reward),
+            terminated=kept(self.terminated),
+            truncated=kept(self.truncated),
+            mask=kept(self.mask),
+            final_obs=final_obs,
+            final_t=final_t,
+            final_row=final_row,
+            episodes=episodes,
+            policy_version=self.shard.version,
+            shard=self.shard.shard_index,
+            nonfinite=self.nonfinite,
+        )
+
+
+def finished_episodes(finals: list[tuple[int, Step]]) -> dict[str, torch.Tensor]:
+    """The env-owned reports of the episodes that ended, concatenated (the columns every report has)."""
+    if not finals:
+        return {"length": torch.empty(0, dtype=torch.int64), "return": torch.empty(0)}
+    keys = set.intersection(*(set(s.episodes) for _, s in finals))
+    return {k: torch.cat([s.episodes[k] for _, s in finals]) for k in sorted(keys)}
+
+
+class ChunkEnding(Ending):
+    """``FixedSteps``: ``T`` steps from where the rows are; the episodes run on into the next chunk."""
+
+    def __init__(self, shard: EnvShard, plan: FixedSteps):
+        self.shard, self.steps = shard, int(plan.num_steps)
+        self.checks_each_step = False
+        self.start = shard.steps_done
+
+    def begin(self) -> Obs:
+        self.chunk = ChunkBuffer(self.shard, self.shard.obs, self.steps)
+        return self.shard.obs
+
+    def running(self, t: int) -> bool:
+        self.shard.steps_done = self.start + t
+        return t < self.steps
+
+    def observe(self, t: int, obs: Obs) -> None:
+        self.chunk.observe(t, obs)
+
+    def act(self, t: int, obs: Obs) -> torch.Tensor:
+        return self.chunk.act(t, obs)
+
+    def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
+        if bad is not None:
+            self.chunk.nonfinite += self.shard.restart_rows(step, bad)
+        self.chunk.record(t, step)
+
+    def result(self, steps: int, obs: Obs) -> RolloutChunk:
+        return self.chunk.build(steps, obs)
+
+
+class GroupEnding(Ending):
+    """``GroupEpisodes``: a round of one episode per row from shared group starts.
+
+    A row that finished early keeps being stepped by the batched env (its auto-reset episode is
+    ignored) but is masked (``chunk.mask`` False, zero reward, no flags), so it contributes no
+    transitions. With ``on_nonfinite: mask`` a row whose env returns a non-finite value is dropped
+    from the round: all of its transitions are masked and its record has ``finished`` False; its
+    return so far still enters its group's statistics. ``chunk.episodes`` holds one record per row
+    (in row order): ``return``, ``length``, ``row``, ``group``, ``t`` (the step it finished at, or
+    ``T-1`` when cut) and ``finished``.
+    """
+
+    def __init__(self, shard: EnvShard, plan: GroupEpisodes):
+        if int(plan.max_steps) < 1:
+            raise ValueError(f"max_steps must be >= 1, got {plan.max_steps}")
+        self.shard, self.group_size, self.max_steps = shard, int(plan.group_size), int(plan.max_steps)
+        N = shard.env.num_envs
+        self.active = torch.ones(N, dtype=torch.bool)
+        self.episode_return = torch.zeros(N)
+        self.episode_length = torch.zeros(N, dtype=torch.int64)
+        self.finished_at = torch.full((N,), -1, dtype=torch.int64)
+
+    def begin(self) -> Obs:
+        obs = group_reset(self.shard, self.group_size, self.shard.group_rounds)
+        self.shard.group_rounds += 1
+        self.chunk = ChunkBuffer(self.shard, obs, self.max_steps)
+        return obs
+
+    def running(self, t: int) -> bool:
+        return t < self.max_steps and bool(self.active.any())
+
+    def observe(self, t: int, obs: Obs) -> None:
+        self.chunk.observe(t, obs)
+
+    def act(self, t: int, obs: Obs) -> torch.Tensor:
+        return self.chunk.act(t, obs)
+
+    def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
+        active = self.active
+        if bad is not None:
+            self.chunk.nonfinite += self.shard.restart_rows(step, bad)
+            dropped = active & bad
+            if bool(dropped.any()):  # the row's whole episode leaves the round
+                self.chunk.mask[:t, dropped] = False
+                active &= ~dropped
+        mask_t = active.clone() if step.valid is None else active & step.valid
+        step.valid = mask_t
+        step.reward = torch.where(mask_t, step.reward, 0.0)
+        step.terminated, step.truncated = step.terminated & mask_t, step.truncated & mask_t
+        if step.done_rows.numel():  # only the episodes of this round end here; the rows' next ones are ignored
+            keep = mask_t[step.done_rows]
+            step.done_rows = step.done_rows[keep]
+            step.final_obs = {k: v[keep] for k, v in step.final_obs.items()}
+        ending = torch.zeros_like(active)
+        ending[step.done_rows] = True
+        self.episode_return += step.reward
+        self.episode_length += mask_t.long()
+        self.finished_at[ending] = t
+        active &= ~ending
+        self.chunk.record(t, step)
+        self.shard.steps_done += 1
+
+    def result(self, steps: int, obs: Obs) -> RolloutChunk:
+        N, finished = self.active.numel(), self.finished_at >= 0
+        episodes = {
+            "return": self.episode_return,
+            "length": self.episode_length,
+            "row": torch.arange(N),
+            "group": torch.arange(N) // self.group_size,
+            "t": torch.where(finished, self.finished_at, steps - 1),
+            "finished": finished,
+        }
+        return self.chunk.build(steps, obs, episodes)
+
+
+class GroupResetError(RuntimeError):
+    """The env cannot start the members of a group from the same state."""
+
+
+def group_reset(shard: EnvShard, group_size: int, round_index: int) -> Obs:
+    """Reset every row, group members from one shared seed; check their observations are equal.
+
+    Group ``g`` of round ``k`` resets from ``derive_seed(shard.seed, 6, g, k)``.
+    """
+    env, N, G = shard.env, shard.env.num_envs, int(group_size)
+    if G < 2 or N % G:
+        raise ValueError(f"group_size must be >= 2 and divide num_envs ({N}), got {G}")
+    if not getattr(env, "seeded_reset", True):
+        raise GroupResetError(
+            f"{shard.env_id} does not guarantee equal initial states for equal reset seeds "
+            "(seeded_reset is False), so GRPO groups cannot share a start; use PPO for this env."
+        )
+    seeds = [derive_seed(shard.seed, 6, row // G, round_index) for row in range(N)]
+    obs = env.reset_rows(torch.arange(N), seeds)
+    for name, value in obs.items():
+        grouped = value.reshape(N // G, G, -1)
+        same = (grouped == grouped[:, :1]).all(-1).all(-1)
+        if not bool(same.all()):
+            g = int((~same).nonzero()[0])
+            raise GroupResetError(
+                f"{shard.env_id}: the members of group {g} (rows {g * G}..{g * G + G - 1}) reset with the same "
+                f"seed but got different '{name}' observations; the env does not honour reset seeds, so "
+                "GRPO cannot be used with it."
+            )
+    return {k: v.clone() for k, v in obs.items()}
+
+
+class EvalEnding(Ending):
+    """``EvalEpisodes``: per-row quotas of seeded episodes; yields ``(record, report)`` per counted episode.
+
+    ``record`` holds scalars: row, episode index, seed, finishing step, terminated, truncated and the
+    env's report fields; ``report`` is the env-owned episode report as the env gave it. A row's first
+    ``quota`` episodes count, in the order they started; later ones are discarded. An episode with a
+    non-finite value (``on_nonfinite: mask``) is not counted: ``excluded`` counts it, and the row
+    starts its next episode.
+    """
+
+    def __init__(self, shard: EnvShard, plan: EvalEpisodes):
+        N = shard.env.num_envs
+        if len(plan.quotas) != N:
+            raise ValueError(f"{len(plan.quotas)} quotas for {N} rows")
+        self.shard, self.plan = shard, plan
+        self.started = torch.zeros(N, dtype=torch.int64)  # index of each row's running episode
+        self.quota = torch.as_tensor(list(plan.quotas), dtype=torch.int64)
+        self.generator = torch.Generator()
+        self.generator.manual_seed(derive_seed(plan.seed, 5, plan.row_offset))
+        self.results: list[tuple[dict, dict]] = []
+        self.excluded = 0
+
+    def seed_of(self, row: int, episode: int) -> int:
+        return derive_seed(self.plan.seed, self.plan.row_offset + row, episode)
+
+    def begin(self) -> Obs:
+        N = self.shard.env.num_envs
+        return self.shard.env.reset_rows(torch.arange(N), [self.seed_of(r, 0) for r in range(N)])
+
+    def running(self, t: int) -> bool:
+        stop_after = self.plan.stop_after
+        return (t < self.plan.max_steps and not bool((self.started >= self.quota).all())
+                and not (stop_after is not None and len(self.results) >= stop_after))
+
+    def act(self, t: int, obs: Obs) -> torch.Tensor:
+        actor = self.shard.actor
+        if self.plan.deterministic:
+            return actor.deterministic(obs["policy"])
+        return actor.sample(obs["policy"], self.generator)[0]
+
+    def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
+        bad_rows = [] if bad is None else bad.nonzero().squeeze(1).tolist()
+        if step.done_rows.numel() == 0 and not bad_rows:
+            return
+        columns = {k: v.tolist() for k, v in step.episodes.items()}
+        done = step.done_rows.tolist()
+        for i, r in enumerate(done):
+            k = int(self.started[r])
+            if k >= self.quota[r]:
+                continue
+            report = {name: values[i] for name, values in columns.items()}
+            record = {
+                "row": self.plan.row_offset + r,
+                "episode": k,
+                "seed": self.seed_of(r, k),
+                "step": t,
+                "terminated": bool(step.terminated[r]),
+                "truncated": bool(step.truncated[r]),
+                **report,
+            }
+            self.results.append((record, report))
+        self.excluded += sum(1 for r in bad_rows if self.started[r] < self.quota[r])
+        restart = sorted(set(done) | set(bad_rows))
+        self.started[restart] += 1
+        rows = torch.tensor(restart, dtype=torch.int64)
+        step.obs = self.shard.env.reset_rows(rows, [self.seed_of(r, int(self.started[r])) for r in restart])
