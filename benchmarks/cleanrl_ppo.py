@@ -34,11 +34,17 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
             layer_init(nn.Linear(64, 1), std=1.0),
         )
         self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
             layer_init(nn.Linear(64, n_actions), std=0.01),
         )
 
@@ -68,11 +74,25 @@ def evaluate(agent: Agent, episodes: int, seed: int) -> float:
     return float(returns.mean())
 
 
-def train(seed: int = 1, total_timesteps: int = 500_000, eval_every: int = 10_000, target: float = 475.0,
-          eval_episodes: int = 100, max_steps: int | None = None, num_envs: int = 4, num_steps: int = 128,
-          num_minibatches: int = 4, update_epochs: int = 4, lr: float = 2.5e-4, gamma: float = 0.99,
-          gae_lambda: float = 0.95, clip_coef: float = 0.2, ent_coef: float = 0.01, vf_coef: float = 0.5,
-          max_grad_norm: float = 0.5) -> dict:
+def train(
+    seed: int = 1,
+    total_timesteps: int = 500_000,
+    eval_every: int = 10_000,
+    target: float = 475.0,
+    eval_episodes: int = 100,
+    max_steps: int | None = None,
+    num_envs: int = 4,
+    num_steps: int = 128,
+    num_minibatches: int = 4,
+    update_epochs: int = 4,
+    lr: float = 2.5e-4,
+    gamma: float = 0.99,
+    gae_lambda: float = 0.95,
+    clip_coef: float = 0.2,
+    ent_coef: float = 0.01,
+    vf_coef: float = 0.5,
+    max_grad_norm: float = 0.5,
+) -> dict:
     """Train until an evaluation passes (or ``max_steps``); returns steps, training seconds and the evaluations."""
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -82,8 +102,9 @@ def train(seed: int = 1, total_timesteps: int = 500_000, eval_every: int = 10_00
     num_iterations = total_timesteps // batch_size
     # same-step autoreset: the semantics CleanRL's ppo.py was written for (gymnasium < 1.0); with
     # gymnasium 1.x's default NEXT_STEP mode, every reset would add a bogus transition to the batch
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1") for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
     agent = Agent(4, 2)
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
     obs = torch.zeros((num_steps, num_envs, 4))
@@ -157,8 +178,13 @@ def train(seed: int = 1, total_timesteps: int = 500_000, eval_every: int = 10_00
             break
     envs.close()
     last = evals[-1] if evals else {"env_steps": global_step, "train_seconds": train_time + time.perf_counter() - start}
-    return {"seed": seed, "solved": solved, "env_steps": last["env_steps"], "train_seconds": last["train_seconds"],
-            "evals": evals}
+    return {
+        "seed": seed,
+        "solved": solved,
+        "env_steps": last["env_steps"],
+        "train_seconds": last["train_seconds"],
+        "evals": evals,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Collection benchmark (see raysim/bench/collect.py); run from a checkout: python benchmarks/collect.py."""
-import pathlib, sys; sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # noqa: E401,E702
-from raysim.bench.collect import main  # noqa: E402
+"""``python benchmarks/collect.py``: the same as ``raysim bench collect``, with the peers of this source tree."""
+
+from raysim.bench.collect import main
+
 raise SystemExit(main())

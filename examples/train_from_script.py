@@ -24,8 +24,12 @@ def main(argv: list[str]) -> int:
     config = raysim.load_config("cartpole_ppo", overrides=overrides)
 
     # Enough logical CPUs for the training shards, the evaluation shards and the learner.
-    num_cpus = int(config.shards.count * config.shards.num_cpus + config.eval.shards * config.shards.num_cpus
-                   + config.learner.num_cpus + 0.999)
+    num_cpus = int(
+        config.shards.count * config.shards.num_cpus
+        + config.eval.shards * config.shards.num_cpus
+        + config.learner.num_cpus
+        + 0.999
+    )
     ray.init(num_cpus=num_cpus, include_dashboard=False)
     try:
         summary = raysim.Trainer(config).train()
@@ -34,8 +38,10 @@ def main(argv: list[str]) -> int:
         print(f"wall time: {summary.wall_time:.1f} s")
         print(f"last episode return: {summary.metrics.get('episode_return', float('nan')):.1f}")
         if summary.evaluation is not None:
-            print(f"evaluation: {summary.evaluation.completed}/{summary.evaluation.requested} episodes, "
-                  f"mean return {summary.evaluation.mean_return}")
+            print(
+                f"evaluation: {summary.evaluation.completed}/{summary.evaluation.requested} episodes, "
+                f"mean return {summary.evaluation.mean_return}"
+            )
         print(f"run directory: {summary.run_dir}")
         print(f"ray still initialized after train(): {ray.is_initialized()}")  # the Trainer did not start it
     finally:

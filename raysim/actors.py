@@ -13,7 +13,8 @@ an ``AttributeError`` at import, and a type checker sees the arguments)::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")

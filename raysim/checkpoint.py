@@ -106,7 +106,11 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     except Exception as error:  # truncated zip, bad pickle, or a pickled object that would run code
-        cause = "it carries pickled objects (refused: loading never runs code)" if "weights_only" in str(error) else str(error).splitlines()[0]
+        cause = (
+            "it carries pickled objects (refused: loading never runs code)"
+            if "weights_only" in str(error)
+            else str(error).splitlines()[0]
+        )
         raise CheckpointError(f"checkpoint file {path / 'state.pt'} cannot be loaded: {cause}") from error
     return state, meta
 

@@ -22,28 +22,42 @@ Examples:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysim", description="Ray-based rollout collection and PPO/GRPO training.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (add_train, add_resume, add_eval, add_plot, add_export, add_bench):
+        add(commands)
+    return parser
 
-    train = commands.add_parser("train", help="train a policy", description=TRAIN_HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def add_train(commands) -> None:
+    train = commands.add_parser(
+        "train", help="train a policy", description=TRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     train.add_argument("config", nargs="?", help="YAML config file or packaged config name (default: cartpole_ppo)")
     train.add_argument("--run-dir", help="where to write the run (default: runs/<name>)")
     add_run_options(train)
 
+
+def add_resume(commands) -> None:
     resume = commands.add_parser(
-        "resume", help="continue a run from its newest intact checkpoint",
+        "resume",
+        help="continue a run from its newest intact checkpoint",
         description="Continue RUN_DIR (also after it was moved or copied) from its newest intact checkpoint, "
-                    "with the run's own config snapshot, or with --config: the original declaration, a whole run "
-                    "config, or an env config such as RUN_DIR/configs/gym.yaml. An env that differs from the "
-                    "checkpoint's is refused, listing every differing key.")
+        "with the run's own config snapshot, or with --config: the original declaration, a whole run "
+        "config, or an env config such as RUN_DIR/configs/gym.yaml. An env that differs from the "
+        "checkpoint's is refused, listing every differing key.",
+    )
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument("--config", help="config to resume with (default: RUN_DIR/configs/train.yaml)")
     resume.add_argument("--force", action="store_true", help="resume even though the env differs (loud warning)")
     add_run_options(resume)
 
+
+def add_eval(commands) -> None:
     evaluate = commands.add_parser(
-        "eval", help="evaluate a trained policy",
+        "eval",
+        help="evaluate a trained policy",
         description="Evaluate a run's newest checkpoint (or a checkpoint directory) over balanced, seeded episodes "
-                    "and print the completion and success rates with Wilson intervals.")
+        "and print the completion and success rates with Wilson intervals.",
+    )
     evaluate.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
     evaluate.add_argument("--episodes", type=int, default=100, help="episodes requested (default 100)")
     evaluate.add_argument("--seed", type=int, help="evaluation seed (default: the run's eval.seed)")
@@ -51,41 +65,67 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--envs-per-shard", type=int, help="rows per evaluation shard")
     evaluate.add_argument("--out", help="write one record per counted episode to this Parquet file")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of argmax / mean")
-    evaluate.add_argument("--no-quotas", action="store_true", help='count the first episodes to finish (biased; for comparison)')
+    evaluate.add_argument(
+        "--no-quotas", action="store_true", help="count the first episodes to finish (biased; for comparison)"
+    )
     evaluate.add_argument("--local", action="store_true", help="run in this process, without Ray")
     evaluate.add_argument("--address", help="Ray cluster to attach to")
 
+
+def add_plot(commands) -> None:
     plot = commands.add_parser(
-        "plot", help="plot a run's learning curves",
+        "plot",
+        help="plot a run's learning curves",
         description="Draw RUN_DIR's learning curve (episode return vs env steps), its losses, the evaluation "
-                    "success rate with its Wilson band (when evaluations with a success exist; else the time "
-                    "per iteration by phase) into one PNG.")
+        "success rate with its Wilson band (when evaluations with a success exist; else the time "
+        "per iteration by phase) into one PNG.",
+    )
     plot.add_argument("run_dir", metavar="RUN_DIR")
     plot.add_argument("--out", metavar="FILE.png", help="where to write the PNG (default: RUN_DIR/plots.png)")
 
+
+def add_export(commands) -> None:
     export = commands.add_parser(
-        "export", help="export a trained policy (TorchScript / ONNX)",
+        "export",
+        help="export a trained policy (TorchScript / ONNX)",
         description="Write the deterministic policy of a run's newest checkpoint (or a checkpoint directory) as a "
-                    "standalone file: a policy observation batch [B, obs_dim] (float32) -> the action batch "
-                    "(discrete: int64 argmax; continuous: the mean clipped or squashed into the action space), "
-                    "observation normalization baked in. Loading it needs torch or an ONNX runtime, not raysim.")
+        "standalone file: a policy observation batch [B, obs_dim] (float32) -> the action batch "
+        "(discrete: int64 argmax; continuous: the mean clipped or squashed into the action space), "
+        "observation normalization baked in. Loading it needs torch or an ONNX runtime, not raysim.",
+    )
     export.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
-    export.add_argument("--format", choices=["torchscript", "onnx"], default="torchscript",
-                        help="torchscript (torch.jit.load) or onnx (needs: pip install 'raysim[export]')")
+    export.add_argument(
+        "--format",
+        choices=["torchscript", "onnx"],
+        default="torchscript",
+        help="torchscript (torch.jit.load) or onnx (needs: pip install 'raysim[export]')",
+    )
     export.add_argument("--out", required=True, metavar="FILE", help="where to write the policy (.pt / .onnx)")
 
+
+def add_bench(commands) -> None:
     bench = commands.add_parser("bench", help="benchmarks", description="Run a benchmark (see README).")
-    bench.add_argument("name", choices=["collect", "solve"],
-                       help="collect: rollout collection latency against peers; solve: PPO time to solve CartPole")
+    bench.add_argument(
+        "name",
+        choices=["collect", "solve"],
+        help="collect: rollout collection latency against peers; solve: PPO time to solve CartPole",
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
-    return parser
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """--set, --address and --local: the options of every command that trains."""
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set algo.lr=1e-3 (repeatable)")
-    parser.add_argument("--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded local Ray)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set algo.lr=1e-3 (repeatable)",
+    )
+    parser.add_argument(
+        "--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded local Ray)"
+    )
     parser.add_argument("--local", action="store_true", help="run every role in this process, without Ray")
 
 
@@ -111,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             except ExportError as error:
                 print(f"raysim: error: {error}", file=sys.stderr)
                 return 2
-            print(f"export: {info['out']} ({info['format']}, {info['env_id']}, checkpoint {info['checkpoint']}, "
-                  f"obs {info['observation_shape']} -> {info['action_space']}"
-                  f"{', normalization baked in' if info['normalized'] else ''})")
+            print(
+                f"export: {info['out']} ({info['format']}, {info['env_id']}, checkpoint {info['checkpoint']}, "
+                f"obs {info['observation_shape']} -> {info['action_space']}"
+                f"{', normalization baked in' if info['normalized'] else ''})"
+            )
             return 0
         if args.command == "bench":
             if args.name == "solve":
@@ -138,8 +180,11 @@ def train(args: argparse.Namespace) -> int:
     if args.local:
         overrides.append("backend=local")
     config = load_config(args.config, overrides)
-    print(f"raysim: training {config.name}: {config.env.id}, {config.shards.count} shard(s) x {config.env.num_envs} envs, "
-          f"{config.algo.name}, {config.train.total_steps:,} env steps", flush=True)
+    print(
+        f"raysim: training {config.name}: {config.env.id}, {config.shards.count} shard(s) x "
+        f"{config.env.num_envs} envs, {config.algo.name}, {config.train.total_steps:,} env steps",
+        flush=True,
+    )
     return report(Trainer(config, address=args.address).train())
 
 
@@ -153,9 +198,11 @@ def resume(args: argparse.Namespace) -> int:
 
 def report(summary) -> int:
     """Print a training summary; the exit code (130 when stopped before the end)."""
-    print(f"\ndone: {summary.env_steps:,} env steps in {summary.iterations} iterations, "
-          f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up), "
-          f"{summary.steps_this_run / max(summary.wall_time, 1e-9):,.0f} steps/s")
+    print(
+        f"\ndone: {summary.env_steps:,} env steps in {summary.iterations} iterations, "
+        f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up), "
+        f"{summary.steps_this_run / max(summary.wall_time, 1e-9):,.0f} steps/s"
+    )
     evaluation = summary.evaluation
     if evaluation is not None:
         r = evaluation.returns
@@ -164,8 +211,10 @@ def report(summary) -> int:
         rate = evaluation.success_rate
         if rate is not None and rate.value is not None:
             lo, hi = rate.interval
-            print(f"success: {rate.numerator}/{rate.denominator} = {rate.value:.3f}  "
-                  f"[{lo:.3f}, {hi:.3f}] {100 * evaluation.confidence:g}% Wilson")
+            print(
+                f"success: {rate.numerator}/{rate.denominator} = {rate.value:.3f}  "
+                f"[{lo:.3f}, {hi:.3f}] {100 * evaluation.confidence:g}% Wilson"
+            )
     if summary.interrupted:
         print(f"stopped before the end: continue with `raysim resume {summary.run_dir}`")
     print(f"run directory: {summary.run_dir}")
@@ -177,9 +226,16 @@ def evaluate(args: argparse.Namespace) -> int:
     from raysim.evaluation import format_report
 
     report = run_evaluation(
-        args.path, episodes=args.episodes, seed=args.seed, shards=args.shards, envs_per_shard=args.envs_per_shard,
-        deterministic=not args.stochastic, balanced=not args.no_quotas, out=args.out,
-        backend="local" if args.local else None, address=args.address,
+        args.path,
+        episodes=args.episodes,
+        seed=args.seed,
+        shards=args.shards,
+        envs_per_shard=args.envs_per_shard,
+        deterministic=not args.stochastic,
+        balanced=not args.no_quotas,
+        out=args.out,
+        backend="local" if args.local else None,
+        address=args.address,
     )
     print(format_report(report))
     if args.out:

@@ -178,9 +178,13 @@ def check_config(config: Config, where: str = "config") -> None:
         raise ConfigError(f"{where}: shards.max ({config.shards.max}) must be >= shards.count ({config.shards.count})")
     ranks = config.learner.ranks
     if not isinstance(ranks, int) or ranks < 1 or config.shards.count % ranks:
-        raise ConfigError(f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}")
+        raise ConfigError(
+            f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}"
+        )
     if ranks > 1 and getattr(config.algo, "target_kl", None) is not None:
-        raise ConfigError(f"{where}: algo.target_kl is not supported with learner.ranks > 1 (the ranks must stop together)")
+        raise ConfigError(
+            f"{where}: algo.target_kl is not supported with learner.ranks > 1 (the ranks must stop together)"
+        )
     try:
         algorithm_class(config.algo.name).check(config.algo, config.env.num_envs)
     except ValueError as error:
@@ -203,7 +207,9 @@ def apply_override(data: dict, item: str) -> None:
     try:
         node[parts[-1]] = safe_load(raw)
     except yaml.YAMLError as error:
-        raise ConfigError(f"--set {item!r}: the value is not valid YAML: {getattr(error, 'problem', None) or error}") from error
+        raise ConfigError(
+            f"--set {item!r}: the value is not valid YAML: {getattr(error, 'problem', None) or error}"
+        ) from error
 
 
 def from_dict(cls: type, data: Any, where: str, prefix: str = "") -> Any:

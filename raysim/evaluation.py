@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
-from typing import Callable
 
 from raysim.actors import Backend, Handle
 from raysim.config import EvalConfig
@@ -52,7 +52,7 @@ class Rate:
     interval: tuple[float, float] | None
 
     @classmethod
-    def of(cls, numerator: int, denominator: int, confidence: float) -> "Rate":
+    def of(cls, numerator: int, denominator: int, confidence: float) -> Rate:
         value = numerator / denominator if denominator else None
         return cls(numerator, denominator, value, wilson(numerator, denominator, confidence))
 
@@ -114,7 +114,7 @@ class EvalSpec:
     confidence: float = 0.95
 
     @classmethod
-    def of(cls, config: EvalConfig, max_episode_steps: int | None) -> "EvalSpec":
+    def of(cls, config: EvalConfig, max_episode_steps: int | None) -> EvalSpec:
         """The evaluation ``config`` asks for; the default step budget covers every quota at the episode limit."""
         rows = max(1, config.shards * config.num_envs)
         per_row = math.ceil(config.episodes / rows) if config.balanced else config.episodes
@@ -160,7 +160,9 @@ def evaluate_on_shards(
             if not backend.is_actor_failure(error) or restarts >= max_restarts:
                 raise
             restarts += 1
-            print(f"evaluation shard {i} died ({type(error).__name__}); replacing it and replaying its rows", flush=True)
+            print(
+                f"evaluation shard {i} died ({type(error).__name__}); replacing it and replaying its rows", flush=True
+            )
             shards[i] = make_shard(i)
             pending[i] = call(i)
     if spec.balanced:
@@ -180,7 +182,13 @@ def write_records(path: str | Path, records: list[dict]) -> None:
     """Write episode records to Parquet (atomically: a temporary file, then rename)."""
     import pyarrow as pa
 
-    columns = list(dict.fromkeys(k for record in records for k in record)) or ["row", "episode", "seed", "return", "length"]
+    columns = list(dict.fromkeys(k for record in records for k in record)) or [
+        "row",
+        "episode",
+        "seed",
+        "return",
+        "length",
+    ]
     write_parquet(path, pa.table({k: [record.get(k) for record in records] for k in columns}))
 
 

@@ -137,7 +137,13 @@ def export_policy(path: str | Path, out: str | Path, format: str = "torchscript"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript-based exporter's deprecation notice
             torch.onnx.export(
-                policy, (example,), str(out), dynamo=False, input_names=["obs"], output_names=["action"],
-                dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, opset_version=17,
+                policy,
+                (example,),
+                str(out),
+                dynamo=False,
+                input_names=["obs"],
+                output_names=["action"],
+                dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
+                opset_version=17,
             )
     return {**info, "format": format, "out": str(out)}

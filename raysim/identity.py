@@ -54,7 +54,11 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if hasattr(value, "numpy") or isinstance(value, np.ndarray):
         array = np.ascontiguousarray(value.numpy() if hasattr(value, "numpy") else value)
-        return {"array_sha256": hashlib.sha256(array.tobytes()).hexdigest(), "shape": list(array.shape), "dtype": str(array.dtype)}
+        return {
+            "array_sha256": hashlib.sha256(array.tobytes()).hexdigest(),
+            "shape": list(array.shape),
+            "dtype": str(array.dtype),
+        }
     return value
 
 

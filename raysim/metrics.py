@@ -116,7 +116,9 @@ class ParquetSink:
 
     def flush(self) -> None:
         columns = sorted({k for row in self.rows for k in row})
-        write_parquet(self.path, pa.table({k: pa.array([row.get(k) for row in self.rows], pa.float64()) for k in columns}))
+        write_parquet(
+            self.path, pa.table({k: pa.array([row.get(k) for row in self.rows], pa.float64()) for k in columns})
+        )
         self.dirty = False
 
     def close(self) -> None:
@@ -137,7 +139,9 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # torch's writer needs the tensorboard package
-            raise ImportError(f"the tensorboard package is not importable ({error}); pip install tensorboard") from error
+            raise ImportError(
+                f"the tensorboard package is not importable ({error}); pip install tensorboard"
+            ) from error
         self.writer = SummaryWriter(str(log_dir), purge_step=purge_step or None)
 
     def write(self, record: Record) -> None:
@@ -198,17 +202,27 @@ class SinkSet:
         self.failures[name] = self.failures.get(name, 0) + 1
         if first:
             others = [n for n, _ in self.sinks if n != name]
-            print(f"raysim: metrics sink {name!r} failed ({what}): {type(error).__name__}: {error}; it keeps "
-                  f"receiving later records, and every record still goes to {', '.join(others) or 'no other sink'} "
-                  f"(reported once)", file=self.errors or sys.stderr, flush=True)
+            print(
+                f"raysim: metrics sink {name!r} failed ({what}): {type(error).__name__}: {error}; it keeps "
+                f"receiving later records, and every record still goes to {', '.join(others) or 'no other sink'} "
+                f"(reported once)",
+                file=self.errors or sys.stderr,
+                flush=True,
+            )
 
 
 def sink_name(sink: Any) -> str:
     return getattr(sink, "name", None) or type(sink).__name__
 
 
-def make_sinks(names: list[str], run_dir: str | Path, total_steps: int, keep_until: int = 0, env_steps: int = 0,
-               errors: TextIO | None = None) -> SinkSet:
+def make_sinks(
+    names: list[str],
+    run_dir: str | Path,
+    total_steps: int,
+    keep_until: int = 0,
+    env_steps: int = 0,
+    errors: TextIO | None = None,
+) -> SinkSet:
     """The sinks of ``train.sinks`` for ``run_dir`` (a resumed run: ``keep_until`` its iteration and
     ``env_steps``). A sink that cannot be created is reported once on stderr and left out."""
     run_dir = Path(run_dir)
@@ -224,7 +238,10 @@ def make_sinks(names: list[str], run_dir: str | Path, total_steps: int, keep_unt
         try:
             sinks.append(factories[name]())
         except Exception as error:  # noqa: BLE001 - reported, the run goes on with the other sinks
-            print(f"raysim: metrics sink {name!r} could not be created: {type(error).__name__}: {error}; "
-                  f"training goes on with {', '.join(n for n in names if n != name) or 'no sink'}",
-                  file=errors or sys.stderr, flush=True)
+            print(
+                f"raysim: metrics sink {name!r} could not be created: {type(error).__name__}: {error}; "
+                f"training goes on with {', '.join(n for n in names if n != name) or 'no sink'}",
+                file=errors or sys.stderr,
+                flush=True,
+            )
     return SinkSet(sinks, errors)

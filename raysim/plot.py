@@ -59,15 +59,17 @@ def read_evaluations(run_dir: Path, metrics: dict[str, np.ndarray], confidence: 
         returns = [float(r["return"]) for r in records if r.get("return") is not None]
         has_success = bool(records) and all(r.get("success") is not None for r in records)
         k = sum(bool(r["success"]) for r in records) if has_success else None
-        points.append(EvalPoint(
-            iteration=iteration,
-            env_steps=float(np.interp(iteration, iterations, steps)) if len(iterations) > 1 else float(iteration),
-            mean_return=float(np.mean(returns)) if returns else None,
-            std_return=float(np.std(returns)) if returns else None,
-            successes=k,
-            completed=len(records),
-            interval=wilson(k, len(records), confidence) if k is not None else None,
-        ))
+        points.append(
+            EvalPoint(
+                iteration=iteration,
+                env_steps=float(np.interp(iteration, iterations, steps)) if len(iterations) > 1 else float(iteration),
+                mean_return=float(np.mean(returns)) if returns else None,
+                std_return=float(np.std(returns)) if returns else None,
+                successes=k,
+                completed=len(records),
+                interval=wilson(k, len(records), confidence) if k is not None else None,
+            )
+        )
     return points
 
 
@@ -133,16 +135,35 @@ def steps_label(value: float, _position: object = None) -> str:
 def draw_returns(axes, x: np.ndarray, metrics: dict[str, np.ndarray], evaluations: list[EvalPoint]) -> None:
     """Training episode return (mean, min-max band) and evaluation returns (mean +- std) vs env steps."""
     if "episode_return" in metrics:
-        axes.plot(x, metrics["episode_return"], color="C0", lw=2, marker="o" if len(x) <= 20 else None, ms=3,
-                  label="training episodes (mean)")
+        axes.plot(
+            x,
+            metrics["episode_return"],
+            color="C0",
+            lw=2,
+            marker="o" if len(x) <= 20 else None,
+            ms=3,
+            label="training episodes (mean)",
+        )
     if "episode_return_min" in metrics and "episode_return_max" in metrics:
-        axes.fill_between(x, metrics["episode_return_min"], metrics["episode_return_max"], color="C0", alpha=0.15,
-                          label="training episodes (min-max)")
+        axes.fill_between(
+            x,
+            metrics["episode_return_min"],
+            metrics["episode_return_max"],
+            color="C0",
+            alpha=0.15,
+            label="training episodes (min-max)",
+        )
     scored = [p for p in evaluations if p.mean_return is not None]
     if scored:
-        axes.errorbar([p.env_steps for p in scored], [p.mean_return for p in scored],
-                      yerr=[p.std_return for p in scored], fmt="o", color="C1", capsize=3,
-                      label="evaluation (mean +- std)")
+        axes.errorbar(
+            [p.env_steps for p in scored],
+            [p.mean_return for p in scored],
+            yerr=[p.std_return for p in scored],
+            fmt="o",
+            color="C1",
+            capsize=3,
+            label="evaluation (mean +- std)",
+        )
     axes.set_title("episode return")
     axes.set_xlabel("env steps")
     axes.set_ylabel("return")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:

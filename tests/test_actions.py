@@ -108,7 +108,9 @@ def test_absolute_action_with_joint_limits_clamps_at_and_beyond_the_limits():
 
 
 def test_make_action_term_builds_each_type_from_a_config_mapping():
-    term = make_action_term({"type": "relative", "scale": 0.2, "reference": "target", "limit": "joint_limits"}, 3, 2, LIMITS)
+    term = make_action_term(
+        {"type": "relative", "scale": 0.2, "reference": "target", "limit": "joint_limits"}, 3, 2, LIMITS
+    )
     assert isinstance(term, RelativeJointAction) and term.reference == "target"
     torch.testing.assert_close(term.bounds, LIMITS)
     assert isinstance(make_action_term({"type": "absolute"}, 3, 2), AbsoluteJointAction)

@@ -9,16 +9,18 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.models.networks import ModelConfig
 from raysim.algos.ppo import PPOConfig
 from raysim.learner import Learner
+from raysim.models.networks import ModelConfig
 from raysim.rollout.advantages import chunk_values, gae, terminal_values
 from raysim.rollout.chunk import RolloutChunk
 
 T, N, D = 4, 4, 3
 
 
-def make_chunk(obs: torch.Tensor, terminated, truncated, final_obs: torch.Tensor, finals, mask=None, reward=None) -> RolloutChunk:
+def make_chunk(
+    obs: torch.Tensor, terminated, truncated, final_obs: torch.Tensor, finals, mask=None, reward=None
+) -> RolloutChunk:
     """A chunk with obs [T+1, N, D] and finished rows ``finals`` = [(t, row), ...] in order."""
     steps, rows = obs.shape[0] - 1, obs.shape[1]
     final_t = torch.tensor([t for t, _ in finals], dtype=torch.int64)
@@ -34,8 +36,12 @@ def make_chunk(obs: torch.Tensor, terminated, truncated, final_obs: torch.Tensor
         final_obs={"policy": final_obs},
         final_t=final_t,
         final_row=final_row,
-        episodes={"return": torch.zeros(len(finals)), "length": torch.ones(len(finals)),
-                  "row": final_row.clone(), "t": final_t.clone()},
+        episodes={
+            "return": torch.zeros(len(finals)),
+            "length": torch.ones(len(finals)),
+            "row": final_row.clone(),
+            "t": final_t.clone(),
+        },
         policy_version=0,
     )
 
@@ -85,7 +91,7 @@ def test_next_values_follow_the_terminal_value_rule_on_a_hand_built_chunk():
     chunk = hand_built_chunk()
     critic = SumCritic()
     values, next_values = chunk_values(critic, chunk)
-    final_index = {(int(t), int(r)): k for k, (t, r) in enumerate(zip(chunk.final_t, chunk.final_row))}
+    final_index = {(int(t), int(r)): k for k, (t, r) in enumerate(zip(chunk.final_t, chunk.final_row, strict=True))}
     obs = chunk.obs["policy"]
     for t in range(T):
         for n in range(N):
@@ -138,8 +144,13 @@ def test_no_eligible_rows_means_no_terminal_value_forward_pass():
     assert values.device == chunk.final_t.device and values.dtype == torch.float32
 
     # and no finished rows at all
-    chunk = make_chunk(base.obs["policy"], torch.zeros(T, N, dtype=torch.bool), torch.zeros(T, N, dtype=torch.bool),
-                       torch.zeros(0, D), [])
+    chunk = make_chunk(
+        base.obs["policy"],
+        torch.zeros(T, N, dtype=torch.bool),
+        torch.zeros(T, N, dtype=torch.bool),
+        torch.zeros(0, D),
+        [],
+    )
     critic = SumCritic()
     _, next_values = chunk_values(critic, chunk)
     assert [c.shape[0] for c in critic.calls] == [(T + 1) * N]
@@ -222,7 +233,7 @@ def reference_advantages(critic, chunk: RolloutChunk, gamma: float, lam: float) 
             return float(critic({"policy": x.unsqueeze(0)})[0])
 
     steps, rows = chunk.num_steps, chunk.num_envs
-    finals = {(int(t), int(r)): k for k, (t, r) in enumerate(zip(chunk.final_t, chunk.final_row))}
+    finals = {(int(t), int(r)): k for k, (t, r) in enumerate(zip(chunk.final_t, chunk.final_row, strict=True))}
     advantages = [[0.0] * rows for _ in range(steps)]
     values = [[value(chunk.obs["policy"][t, n]) for n in range(rows)] for t in range(steps + 1)]
     for n in range(rows):
@@ -250,7 +261,9 @@ def reference_advantages(critic, chunk: RolloutChunk, gamma: float, lam: float) 
 
 def make_learner(dim: int = 4, seed: int = 0, **algo) -> Learner:
     spaces = {"policy": gym.spaces.Box(-float("inf"), float("inf"), (dim,))}
-    return Learner(spaces, gym.spaces.Discrete(2), ModelConfig(hidden_sizes=[16, 16]), PPOConfig(**algo), iterations=10, seed=seed)
+    return Learner(
+        spaces, gym.spaces.Discrete(2), ModelConfig(hidden_sizes=[16, 16]), PPOConfig(**algo), iterations=10, seed=seed
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -281,7 +294,7 @@ def test_learner_batch_has_returns_equal_to_advantages_plus_values_and_leaves_th
 
     batch = learner.algorithm.batch(list(chunks))
 
-    for chunk, reward in zip(chunks, rewards):
+    for chunk, reward in zip(chunks, rewards, strict=True):
         assert torch.equal(chunk.reward, reward)
     torch.testing.assert_close(batch["returns"], batch["advantages"] + batch["values"], rtol=0, atol=0)
     expected_adv, expected_values = [], []

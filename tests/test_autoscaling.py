@@ -16,8 +16,14 @@ def test_the_autoscaler_adds_shard_nodes_and_the_run_uses_them(tmp_path):
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
     environ["RAY_AUTH_MODE"] = "disabled"  # the test cluster's head runs without token authentication
-    result = subprocess.run([sys.executable, "-m", "tests.support.autoscaling", str(tmp_path / "run")], cwd=ROOT,
-                            capture_output=True, text=True, env=environ, timeout=480)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.support.autoscaling", str(tmp_path / "run")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=480,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["shard_nodes"] == 3  # the head has no "shard" resource: every shard node was autoscaled

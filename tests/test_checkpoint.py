@@ -91,7 +91,7 @@ def test_env_state_round_trips_so_that_episodes_continue_exactly():
     expected = [env.step(actions[t]) for t in range(20, 40)]
     other = make("raysim/CartPole", 8, seed=99)
     other.set_state(saved)
-    for t, step in zip(range(20, 40), expected):
+    for t, step in zip(range(20, 40), expected, strict=True):
         again = other.step(actions[t])
         assert torch.equal(again.obs["policy"], step.obs["policy"])
         assert torch.equal(again.done_rows, step.done_rows)

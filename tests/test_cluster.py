@@ -33,8 +33,11 @@ def test_the_cluster_launcher_configs_pass_rays_own_validation(name):
 
 def fits(request: dict, node_types: dict) -> list[str]:
     """The node types whose resources can hold ``request``."""
-    return [name for name, node in node_types.items()
-            if all(node.get("resources", {}).get(k, 0) >= v for k, v in request.items() if v)]
+    return [
+        name
+        for name, node in node_types.items()
+        if all(node.get("resources", {}).get(k, 0) >= v for k, v in request.items() if v)
+    ]
 
 
 def test_the_cluster_run_configs_ask_for_resources_that_the_worker_types_offer():
@@ -80,11 +83,32 @@ def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path)
     dashboard = free_port()
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ["RAY_AUTH_MODE"] = "token"  # `ray start --head` enables token authentication (Ray 2.60)
-    environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environ.get("PATH", "")])  # the job runs `raysim`
-    start = [RAY, "start", "--head", "--port", str(free_port()), "--dashboard-host", "127.0.0.1",
-             "--dashboard-port", str(dashboard), "--num-cpus", "4", "--temp-dir", temp_dir, "--disable-usage-stats"]
-    for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
-                 "--runtime-env-agent-port", "--ray-client-server-port"):  # no clash with another Ray on this machine
+    environ["PATH"] = os.pathsep.join(
+        [str(Path(sys.executable).parent), environ.get("PATH", "")]
+    )  # the job runs `raysim`
+    start = [
+        RAY,
+        "start",
+        "--head",
+        "--port",
+        str(free_port()),
+        "--dashboard-host",
+        "127.0.0.1",
+        "--dashboard-port",
+        str(dashboard),
+        "--num-cpus",
+        "4",
+        "--temp-dir",
+        temp_dir,
+        "--disable-usage-stats",
+    ]
+    for flag in (
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--metrics-export-port",
+        "--runtime-env-agent-port",
+        "--ray-client-server-port",
+    ):  # no clash with another Ray on this machine
         start += [flag, str(free_port())]
     try:
         subprocess.run(start, check=True, capture_output=True, text=True, env=environ, timeout=120)
@@ -100,8 +124,22 @@ def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path)
         run_dir = tmp_path / "run"
         environ["RAY_ADDRESS"] = f"http://127.0.0.1:{dashboard}"
         job_id = f"raysim-test-{os.getpid()}"
-        submit = [RAY, "job", "submit", "--no-wait", "--submission-id", job_id, "--working-dir", str(work), "--",
-                  "raysim", "train", "small.yaml", "--run-dir", str(run_dir)]
+        submit = [
+            RAY,
+            "job",
+            "submit",
+            "--no-wait",
+            "--submission-id",
+            job_id,
+            "--working-dir",
+            str(work),
+            "--",
+            "raysim",
+            "train",
+            "small.yaml",
+            "--run-dir",
+            str(run_dir),
+        ]
         deadline = time.monotonic() + 180
         while True:  # the job server can take a few seconds after `ray start` to answer
             result = subprocess.run(submit, capture_output=True, text=True, env=environ, timeout=120)

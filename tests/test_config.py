@@ -25,8 +25,17 @@ def test_the_packaged_config_loads_by_default_and_by_name():
 
 
 def test_overrides_are_parsed_as_yaml_and_reach_nested_sections():
-    config = load_config(None, overrides=["algo.lr=1e-3", "algo.clip_coef=0.1", "shards.count=2",
-                                          "model.hidden_sizes=[32, 32]", "backend=local", "algo.target_kl=null"])
+    config = load_config(
+        None,
+        overrides=[
+            "algo.lr=1e-3",
+            "algo.clip_coef=0.1",
+            "shards.count=2",
+            "model.hidden_sizes=[32, 32]",
+            "backend=local",
+            "algo.target_kl=null",
+        ],
+    )
     assert config.algo.lr == pytest.approx(1e-3) and isinstance(config.algo.lr, float)
     assert config.algo.clip_coef == 0.1
     assert config.shards.count == 2
@@ -37,7 +46,9 @@ def test_overrides_are_parsed_as_yaml_and_reach_nested_sections():
 
 def test_exponent_notation_without_a_dot_is_a_float_in_files_and_overrides(tmp_path):
     # PyYAML's YAML 1.1 reads "1e-3" as a string; the CLI's own example is --set algo.lr=1e-3
-    config = load_config(write(tmp_path, "algo:\n  lr: 3e-4\n  target_kl: 1E-2\n"), overrides=["algo.max_grad_norm=5e-1"])
+    config = load_config(
+        write(tmp_path, "algo:\n  lr: 3e-4\n  target_kl: 1E-2\n"), overrides=["algo.max_grad_norm=5e-1"]
+    )
     assert config.algo.lr == pytest.approx(3e-4)
     assert config.algo.target_kl == pytest.approx(1e-2)
     assert config.algo.max_grad_norm == pytest.approx(0.5)
@@ -68,7 +79,11 @@ def test_an_unknown_key_in_an_override_is_named_with_the_closest_valid_key():
 
 
 def test_an_unknown_key_without_a_close_match_lists_the_valid_keys():
-    with pytest.raises(ConfigError, match=r"unknown key 'learner\.zzzzzz'; valid keys: \['device', 'max_restarts', 'num_cpus', 'num_gpus', 'ranks', 'resources'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key 'learner\.zzzzzz'; valid keys: "
+        r"\['device', 'max_restarts', 'num_cpus', 'num_gpus', 'ranks', 'resources'\]",
+    ):
         load_config(None, overrides=["learner.zzzzzz=1"])
 
 
@@ -82,7 +97,9 @@ def test_a_value_of_the_wrong_type_names_the_key(tmp_path):
 
 
 def test_a_missing_config_file_is_a_clear_error():
-    with pytest.raises(ConfigError, match=r"config file 'no/such/file\.yaml' not found \(packaged configs: \[.*'cartpole_ppo\.yaml'"):
+    with pytest.raises(
+        ConfigError, match=r"config file 'no/such/file\.yaml' not found \(packaged configs: \[.*'cartpole_ppo\.yaml'"
+    ):
         load_config("no/such/file.yaml")
 
 

@@ -149,7 +149,7 @@ def test_cartpole_steps_match_gymnasium_cartpole_v1_row_by_row():
         if step.done_rows.numel():
             after[step.done_rows] = step.final_obs["policy"]  # the pre-reset state of finished rows
         expected_obs, expected_reward, expected_terminated = [], [], []
-        for state, action in zip(before.double().numpy(), actions.tolist()):
+        for state, action in zip(before.double().numpy(), actions.tolist(), strict=True):
             reference.state = state
             reference.steps_beyond_terminated = None
             obs, reward, terminated, _, _ = reference.step(action)
@@ -230,7 +230,9 @@ def test_final_obs_is_an_owned_copy_unchanged_by_later_steps_and_in_place_writes
             env_storage = storages([env.state, env.episode_length, env.episode_return])
             assert not storages(step.final_obs.values()) & env_storage
             assert not storages(step.episodes.values()) & env_storage
-            assert step.final_obs["policy"].untyped_storage().data_ptr() != step.obs["policy"].untyped_storage().data_ptr()
+            assert (
+                step.final_obs["policy"].untyped_storage().data_ptr() != step.obs["policy"].untyped_storage().data_ptr()
+            )
     assert len(finals) > 10
     env.state.fill_(123.0)
     env.state[:, 0].zero_()

@@ -11,10 +11,10 @@ import torch
 
 import raysim
 from raysim.actors import LocalBackend, RayBackend
-from raysim.models.networks import ActorCritic, ModelConfig
 from raysim.envs import register
 from raysim.envs.cartpole import CartPole
 from raysim.evaluation import EvalSpec, evaluate_on_shards, quotas, summarize, wilson
+from raysim.models.networks import ActorCritic, ModelConfig
 from raysim.rollout.shard import EnvShard
 
 
@@ -136,10 +136,15 @@ def test_success_rates_use_the_env_owned_success_and_both_denominators():
 
 def test_callbacks_receive_one_scalar_record_per_counted_episode_and_the_unchanged_report():
     scored, reports = [], []
-    report = run_local("raysim/CartPole", [3], EvalSpec(episodes=7, seed=2, max_steps=5000),
-                       on_scored_episode=scored.append, on_episode=reports.append)
+    report = run_local(
+        "raysim/CartPole",
+        [3],
+        EvalSpec(episodes=7, seed=2, max_steps=5000),
+        on_scored_episode=scored.append,
+        on_episode=reports.append,
+    )
     assert len(scored) == len(reports) == report.completed == 7
-    for record, env_report in zip(scored, reports):
+    for record, env_report in zip(scored, reports, strict=True):
         assert all(isinstance(v, (int, float, bool)) for v in record.values())
         assert set(env_report) == {"return", "length"}
         assert env_report["return"] == record["return"] and env_report["length"] == record["length"]
@@ -169,8 +174,9 @@ def test_a_shard_killed_during_evaluation_is_replaced_and_the_report_is_unchange
 
 
 def test_evaluate_api_and_cli_read_a_run_directory(tmp_path, capsys):
-    config = raysim.load_config(None, ["backend=local", "train.total_steps=1024", "eval.episodes=0",
-                                       f"run_dir={tmp_path / 'run'}"])
+    config = raysim.load_config(
+        None, ["backend=local", "train.total_steps=1024", "eval.episodes=0", f"run_dir={tmp_path / 'run'}"]
+    )
     summary = raysim.Trainer(config).train()
     report = raysim.evaluate(summary.run_dir, episodes=12, seed=4, backend="local", out=tmp_path / "e.parquet")
     assert report.requested == 12 and report.completed == 12

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import raysim
-from raysim.models.networks import Actor
 from raysim.checkpoint import load_checkpoint, locate_checkpoint
 from raysim.cli import main
+from raysim.models.networks import Actor
 from raysim.rollout.inference import inference
 
 SITE_PACKAGES = str(Path(torch.__file__).resolve().parent.parent)
@@ -37,8 +37,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("export_runs")
     out = {}
     for name, (config, overrides) in RUNS.items():
-        cfg = raysim.load_config(config, ["backend=local", "train.total_steps=512", "eval.episodes=0",
-                                          f"run_dir={root / name}", *overrides])
+        cfg = raysim.load_config(
+            config, ["backend=local", "train.total_steps=512", "eval.episodes=0", f"run_dir={root / name}", *overrides]
+        )
         out[name] = Path(raysim.Trainer(cfg).train().run_dir)
     return out
 
@@ -78,9 +79,17 @@ def observations(run_dir: Path, n: int = 256) -> torch.Tensor:
 def run_clean(code: str, cwd: Path) -> str:
     """Run ``code`` in a fresh interpreter where only torch's site-packages is importable (no raysim)."""
     prelude = f"import sys; sys.path.append({SITE_PACKAGES!r})\n"
-    prelude += "try:\n    import raysim\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('raysim is importable')\n"
-    result = subprocess.run([sys.executable, "-I", "-S", "-c", prelude + textwrap.dedent(code)], cwd=cwd,
-                            capture_output=True, text=True, timeout=120, env={"PATH": os.environ.get("PATH", "")})
+    prelude += (
+        "try:\n    import raysim\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('raysim is importable')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", prelude + textwrap.dedent(code)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -92,15 +101,18 @@ def test_torchscript_policy_in_a_process_without_raysim_equals_raysim_actions(ru
     assert "export:" in capsys.readouterr().out
     obs = observations(runs[name])
     np.save(tmp_path / "obs.npy", obs.numpy())
-    run_clean(f"""
+    run_clean(
+        f"""
         import numpy, torch
         extra = {{"raysim.json": ""}}
         policy = torch.jit.load({str(out)!r}, _extra_files=extra)
         with torch.no_grad():
-            action = policy(torch.from_numpy(numpy.load({str(tmp_path / 'obs.npy')!r})))
-        numpy.save({str(tmp_path / 'action.npy')!r}, action.numpy())
-        open({str(tmp_path / 'meta.json')!r}, "wb").write(extra["raysim.json"])
-    """, tmp_path)
+            action = policy(torch.from_numpy(numpy.load({str(tmp_path / "obs.npy")!r})))
+        numpy.save({str(tmp_path / "action.npy")!r}, action.numpy())
+        open({str(tmp_path / "meta.json")!r}, "wb").write(extra["raysim.json"])
+    """,
+        tmp_path,
+    )
     exported = np.load(tmp_path / "action.npy")
     expected = raysim_actions(runs[name], obs).numpy()
     assert exported.dtype == expected.dtype and exported.shape == expected.shape
@@ -135,7 +147,9 @@ def test_export_bakes_in_the_actors_observation_normalization(runs, tmp_path):
     config = raysim.load_config(runs["reach_norm"] / "configs" / "train.yaml")
     env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
     plain = Actor(env.observation_spaces, env.action_space, dataclasses.replace(config.model, obs_norm=False))
-    plain.load_state_dict({k[6:]: v for k, v in state["model"].items() if k.startswith("actor.net.") or k == "actor.log_std"})
+    plain.load_state_dict(
+        {k[6:]: v for k, v in state["model"].items() if k.startswith("actor.net.") or k == "actor.log_std"}
+    )
     normalized = torch.clamp((obs - mean) / torch.sqrt(var + 1e-8), -10.0, 10.0)
     with inference(plain):
         torch.testing.assert_close(got, plain.env_action(plain.deterministic(normalized)), rtol=1e-6, atol=1e-6)
@@ -147,7 +161,9 @@ def test_export_bakes_in_the_actors_observation_normalization(runs, tmp_path):
 @pytest.mark.parametrize("name", ["cartpole", "reach_squash"])
 def test_onnx_policy_equals_raysim_actions(runs, name, tmp_path):
     pytest.importorskip("onnx", reason="ONNX export needs the onnx package (pip install 'raysim[export]')")
-    ort = pytest.importorskip("onnxruntime", reason="checking the ONNX file needs onnxruntime (pip install 'raysim[export]')")
+    ort = pytest.importorskip(
+        "onnxruntime", reason="checking the ONNX file needs onnxruntime (pip install 'raysim[export]')"
+    )
     out = tmp_path / "policy.onnx"
     assert main(["export", str(runs[name]), "--format", "onnx", "--out", str(out)]) == 0
     obs = observations(runs[name])

@@ -15,10 +15,10 @@ import pickle
 import pytest
 import torch
 
-from raysim.models.fused import MLPInference
-from raysim.models.networks import Actor, ActorCritic, ModelConfig, Tanh, mlp, sample_categorical
 from raysim.envs import CartPole, make, register
 from raysim.envs import cartpole as cp
+from raysim.models.fused import MLPInference
+from raysim.models.networks import Actor, ActorCritic, ModelConfig, Tanh, mlp, sample_categorical
 from raysim.rollout import EnvShard
 from raysim.rollout.advantages import VALUE_BLOCK, chunk_values, critic_values
 from raysim.seeding import derive_seed
@@ -95,7 +95,9 @@ def reference_chunks(num_envs, seed, weights, critic, steps, chunks, env_kwargs,
             next_values[rec["terminated"] | rec["truncated"]] = 0.0
             eligible = (rec["truncated"] & ~rec["terminated"])[rec["final_t"], rec["final_row"]]
             if eligible.any():
-                next_values[rec["final_t"][eligible], rec["final_row"][eligible]] = critic(rec["final_obs"][eligible]).squeeze(-1)
+                next_values[rec["final_t"][eligible], rec["final_row"][eligible]] = critic(
+                    rec["final_obs"][eligible]
+                ).squeeze(-1)
         rec["values"], rec["next_values"] = all_values[:steps], next_values
         out.append(rec)
     return out
@@ -110,8 +112,20 @@ def assert_chunk_equals(chunk, critic, rec: dict) -> None:
     """The shard's chunk and its values equal the reference loop's record, tensor by tensor."""
     values, next_values = chunk_values(critic, chunk)
     assert_equal("obs", chunk.obs["policy"], rec["obs"])
-    for name in ("actions", "logp", "reward", "terminated", "truncated", "final_t", "final_row", "values", "next_values"):
-        assert_equal(name, {"values": values, "next_values": next_values}.get(name, getattr(chunk, name, None)), rec[name])
+    for name in (
+        "actions",
+        "logp",
+        "reward",
+        "terminated",
+        "truncated",
+        "final_t",
+        "final_row",
+        "values",
+        "next_values",
+    ):
+        assert_equal(
+            name, {"values": values, "next_values": next_values}.get(name, getattr(chunk, name, None)), rec[name]
+        )
     assert_equal("final_obs", chunk.final_obs["policy"], rec["final_obs"])
 
 
@@ -138,7 +152,9 @@ def test_the_shards_chunks_and_values_equal_the_plain_loop(num_envs, seed, env_k
         assert truncations > 0  # the terminal-value path was exercised
 
 
-@pytest.mark.parametrize("num_envs, seed, env_kwargs", [(7, 5, {"max_episode_steps": 20}), (300, 1, {"max_episode_steps": 25})])
+@pytest.mark.parametrize(
+    "num_envs, seed, env_kwargs", [(7, 5, {"max_episode_steps": 20}), (300, 1, {"max_episode_steps": 25})]
+)
 def test_with_obs_norm_the_shards_chunks_and_values_equal_the_plain_loop(num_envs, seed, env_kwargs):
     """``model.obs_norm``: the fused paths (acting, blocked critic values) normalize exactly as the modules."""
     steps, chunks = 40, 2
@@ -190,10 +206,14 @@ def test_mlp_inference_is_bitwise_the_module_forward(activation, rows):
             assert fast(x, out=out) is out and torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("rows", [VALUE_BLOCK + 1, VALUE_BLOCK + 7, 2 * VALUE_BLOCK + 3, 2 * VALUE_BLOCK - 1, 33 * 64, 33 * 1000, 33 * 1024])
+@pytest.mark.parametrize(
+    "rows", [VALUE_BLOCK + 1, VALUE_BLOCK + 7, 2 * VALUE_BLOCK + 3, 2 * VALUE_BLOCK - 1, 33 * 64, 33 * 1000, 33 * 1024]
+)
 def test_blocked_critic_values_equal_one_forward(rows):
     torch.manual_seed(0)
-    model = ActorCritic(make("raysim/CartPole", 1).observation_spaces, make("raysim/CartPole", 1).action_space, ModelConfig())
+    model = ActorCritic(
+        make("raysim/CartPole", 1).observation_spaces, make("raysim/CartPole", 1).action_space, ModelConfig()
+    )
     obs = {"policy": torch.randn(rows, 4)}
     with torch.no_grad():
         expected = model.critic(obs)

@@ -7,8 +7,18 @@ import pyarrow.parquet as pq
 import raysim
 from raysim.coordinator import Trainer
 
-SMALL = ["backend=ray", "shards.count=2", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2",
-         "algo.update_epochs=1", "train.total_steps=1536", "train.log_every=1", "eval.episodes=0", "train.sinks=[parquet]"]
+SMALL = [
+    "backend=ray",
+    "shards.count=2",
+    "env.num_envs=4",
+    "algo.num_steps=32",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=1",
+    "train.total_steps=1536",
+    "train.log_every=1",
+    "eval.episodes=0",
+    "train.sinks=[parquet]",
+]
 
 
 def rows(run_dir) -> list[dict]:
@@ -17,8 +27,15 @@ def rows(run_dir) -> list[dict]:
 
 def test_a_shard_killed_during_its_rollout_is_replaced_and_the_iteration_batch_is_exact(ray_session, tmp_path, capsys):
     marker = tmp_path / "crashed"
-    config = raysim.load_config(None, [*SMALL, "env.id=tests.support.crashing:CrashOnce",
-                                       f"env.kwargs={{crash_at: 40, marker: '{marker}'}}", f"run_dir={tmp_path / 'run'}"])
+    config = raysim.load_config(
+        None,
+        [
+            *SMALL,
+            "env.id=tests.support.crashing:CrashOnce",
+            f"env.kwargs={{crash_at: 40, marker: '{marker}'}}",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
     summary = Trainer(config).train()
     assert marker.exists(), "the shard never crashed"
     assert "fault: shard" in capsys.readouterr().out

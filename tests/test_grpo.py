@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from raysim.algos.grpo import GRPOConfig, chunk_advantages, group_advantages, grpo_loss
-from raysim.models.networks import ModelConfig
 from raysim.config import Config, ConfigError, EnvConfig, load_config
 from raysim.coordinator import Trainer
 from raysim.envs.cartpole import CartPole
 from raysim.learner import Learner
+from raysim.models.networks import ModelConfig
 from raysim.rollout import GroupEpisodes, GroupResetError
 from raysim.rollout.shard import EnvShard
 
@@ -73,7 +73,9 @@ class NoisyResetCartPole(CartPole):
         return super().reset_rows(rows, list(range(len(seeds))))
 
 
-@pytest.mark.parametrize("env_cls, message", [(UnseededCartPole, "seeded_reset is False"), (NoisyResetCartPole, "different")])
+@pytest.mark.parametrize(
+    "env_cls, message", [(UnseededCartPole, "seeded_reset is False"), (NoisyResetCartPole, "different")]
+)
 def test_an_env_that_cannot_share_a_start_is_refused_with_a_clear_error(env_cls, message):
     shard = make_shard()
     shard.env = env_cls(8, seed=0)
@@ -164,7 +166,7 @@ def test_masked_transitions_contribute_nothing_to_the_loss_gradient():
     altered.actions[masked] = 1 - altered.actions[masked]
     altered.logp[masked] = -50.0
     altered.reward[masked] = 1e6
-    for a, b in zip(clean, gradient(altered)):
+    for a, b in zip(clean, gradient(altered), strict=True):
         assert torch.equal(a, b)
 
 

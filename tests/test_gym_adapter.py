@@ -157,7 +157,7 @@ def test_adapter_reports_a_row_terminated_and_truncated_in_the_same_step_with_bo
         env.vec.unwrapped.state[:] = np.stack(states).T
         env.vec.unwrapped.steps[:] = elapsed
     else:
-        for sub, state, steps in zip(env.vec.envs, states, elapsed):
+        for sub, state, steps in zip(env.vec.envs, states, elapsed, strict=True):
             sub.unwrapped.state = state.copy()
             while not isinstance(sub, gym.wrappers.TimeLimit):
                 sub = sub.env

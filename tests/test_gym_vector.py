@@ -77,8 +77,13 @@ def test_same_seed_same_rows_as_raysim(gym_id, task):
 def test_layout_matches_gymnasium_sync_vector_env():
     """info keys, masks and types as Gymnasium's own SyncVectorEnv gives them in SAME_STEP mode."""
     ours = gym.make_vec("raysim/CartPole-v0", num_envs=3, max_episode_steps=5)
-    theirs = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync", max_episode_steps=5,
-                          vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    theirs = gym.make_vec(
+        "CartPole-v1",
+        num_envs=3,
+        vectorization_mode="sync",
+        max_episode_steps=5,
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+    )
     ours.reset(seed=0)
     theirs.reset(seed=0)
     for _ in range(5):

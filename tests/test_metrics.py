@@ -18,8 +18,16 @@ from raysim.metrics import ConsoleSink, ParquetSink, SinkSet
 from raysim.rollout.shard import EnvShard
 
 # 1 shard x 4 rows x 32 steps = 128 env steps per iteration: 6 iterations
-TINY = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=1",
-        "train.total_steps=768", "eval.episodes=2", "eval.num_envs=2"]
+TINY = [
+    "backend=local",
+    "env.num_envs=4",
+    "algo.num_steps=32",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=1",
+    "train.total_steps=768",
+    "eval.episodes=2",
+    "eval.num_envs=2",
+]
 CONTROL = ("\r", "\x1b", "\b")
 
 
@@ -77,8 +85,21 @@ def test_every_sink_gets_the_same_record_and_the_host_copy_happens_once_per_log_
     assert all(s.records == records and s.closed for s in sinks)
     assert all(isinstance(v, (int, float)) for r in records for v in r.values())
     for record in records:
-        for key in ("episode_return", "episode_length", "episodes", "pg_loss", "v_loss", "entropy", "lr",
-                    "time_collect", "time_update", "time_eval", "time_checkpoint", "steps_per_s", "env_steps"):
+        for key in (
+            "episode_return",
+            "episode_length",
+            "episodes",
+            "pg_loss",
+            "v_loss",
+            "entropy",
+            "lr",
+            "time_collect",
+            "time_update",
+            "time_eval",
+            "time_checkpoint",
+            "steps_per_s",
+            "env_steps",
+        ):
             assert key in record and math.isfinite(record[key]), key
         assert record["episode_return_min"] <= record["episode_return"] <= record["episode_return_max"]
         assert record["time_collect"] > 0 and record["time_update"] > 0
@@ -94,12 +115,14 @@ def test_every_sink_gets_the_same_record_and_the_host_copy_happens_once_per_log_
 
 
 def test_a_window_of_iterations_is_reduced_once_with_its_episodes_summed():
-    from raysim.models.networks import ModelConfig
     from raysim.algos.ppo import PPOConfig
     from raysim.learner import Learner
+    from raysim.models.networks import ModelConfig
 
     shard = EnvShard("raysim/CartPole", 4, seed=0)
-    learner = Learner(*shard.spaces()[:2], ModelConfig(), PPOConfig(num_steps=64, num_minibatches=2, update_epochs=1), 10)
+    learner = Learner(
+        *shard.spaces()[:2], ModelConfig(), PPOConfig(num_steps=64, num_minibatches=2, update_epochs=1), 10
+    )
     chunks = [shard.rollout(learner.get_weights(), 64) for _ in range(2)]
     quiet = learner.update(chunks[0], log=False)
     assert set(quiet) == {"env_steps", "policy_version", "skipped_updates", "lr"}  # no device copy
@@ -113,14 +136,15 @@ def test_a_window_of_iterations_is_reduced_once_with_its_episodes_summed():
 
 def test_two_learner_ranks_log_the_mean_over_both_ranks_data(ray_session):
     from raysim.actors import RayBackend
-    from raysim.models.networks import ModelConfig
     from raysim.algos.ppo import PPOConfig
     from raysim.learner import LearnerGroup
+    from raysim.models.networks import ModelConfig
 
     shards = [EnvShard("raysim/CartPole", 4, seed=s) for s in (0, 1)]
     algo = PPOConfig(num_steps=64, num_minibatches=2, update_epochs=1)
-    group = LearnerGroup(RayBackend(), 2, *shards[0].spaces()[:2], ModelConfig(), algo, 10, seed=0,
-                         options={"num_cpus": 1})
+    group = LearnerGroup(
+        RayBackend(), 2, *shards[0].spaces()[:2], ModelConfig(), algo, 10, seed=0, options={"num_cpus": 1}
+    )
     weights = ray_session.get(group.get_weights())
     rounds = []
     for _ in range(2):  # two iterations in one log window
@@ -177,8 +201,17 @@ def test_parquet_columns_that_appear_later_are_null_before_and_a_failed_write_is
 
 
 def test_console_output_is_plain_lines_off_a_terminal_and_an_in_place_bar_on_one():
-    records = [{"iteration": i, "env_steps": 100 * i, "steps_per_s": 1234.5, "episode_return": 20.0 + i,
-                "pg_loss": -0.01, "v_loss": 3.0} for i in (1, 2, 3)]
+    records = [
+        {
+            "iteration": i,
+            "env_steps": 100 * i,
+            "steps_per_s": 1234.5,
+            "episode_return": 20.0 + i,
+            "pg_loss": -0.01,
+            "v_loss": 3.0,
+        }
+        for i in (1, 2, 3)
+    ]
     plain = io.StringIO()
     sink = ConsoleSink(300, plain)
     for record in records:

@@ -41,10 +41,18 @@ def test_mujoco_ids_follow_the_step_contract(gym_id):
 
 
 def test_halfcheetah_config_trains_a_few_iterations(tmp_path):
-    config = raysim.load_config("halfcheetah_ppo", [
-        "backend=local", "train.total_steps=1024", "algo.num_steps=512", "algo.num_minibatches=4",
-        "eval.episodes=2", "eval.num_envs=2", f"run_dir={tmp_path / 'run'}",
-    ])
+    config = raysim.load_config(
+        "halfcheetah_ppo",
+        [
+            "backend=local",
+            "train.total_steps=1024",
+            "algo.num_steps=512",
+            "algo.num_minibatches=4",
+            "eval.episodes=2",
+            "eval.num_envs=2",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
     assert config.env.id == "gym:HalfCheetah-v5" and config.algo.update_epochs == 10
     summary = raysim.Trainer(config).train()
     assert summary.env_steps == 1024

@@ -15,8 +15,14 @@ PER_ITERATION = 4 * 32  # rows x steps, per shard
 def run_cluster(mode: str, run_dir: Path) -> tuple[dict, str]:
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "tests.support.multinode", mode, str(run_dir)], cwd=ROOT,
-                            capture_output=True, text=True, env=environ, timeout=420)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.support.multinode", mode, str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=420,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout
 
@@ -34,7 +40,7 @@ def test_shards_spread_over_nodes_and_a_lost_node_keeps_training_with_exact_batc
 def test_elastic_shards_grow_when_a_node_joins(tmp_path):
     outcome, out = run_cluster("grow", tmp_path / "run")
     assert "elastic: added 2 shard(s)" in out
-    increments = [b - a for a, b in zip([0] + outcome["steps"], outcome["steps"])]
+    increments = [b - a for a, b in zip([0] + outcome["steps"], outcome["steps"], strict=False)]
     assert increments[:3] == [2 * PER_ITERATION] * 3 and increments[-1] == 4 * PER_ITERATION
     assert len(outcome["final_placement"]) == 4 and len(set(outcome["final_placement"])) == 2
     assert outcome["env_steps"] >= 4 * 8 * PER_ITERATION  # the run stops on its step budget

@@ -9,18 +9,28 @@ import numpy as np
 import torch
 
 import raysim
-from raysim.models.networks import ActorCritic, ModelConfig
-from raysim.models.normalizer import RunningNorm, combine, moments
 from raysim.algos.ppo import PPOConfig
 from raysim.checkpoint import load_latest
 from raysim.learner import Learner
-from raysim.rollout.advantages import chunk_values, terminal_values
+from raysim.models.networks import ActorCritic, ModelConfig
+from raysim.models.normalizer import RunningNorm, combine, moments
 from raysim.rollout import EvalEpisodes
+from raysim.rollout.advantages import chunk_values, terminal_values
 from raysim.rollout.shard import EnvShard
 
 NORM = ModelConfig(hidden_sizes=[16, 16], obs_norm=True)
-TINY = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=2",
-        "train.total_steps=1024", "eval.episodes=4", "eval.num_envs=2", "train.log_every=1", "model.obs_norm=true"]
+TINY = [
+    "backend=local",
+    "env.num_envs=4",
+    "algo.num_steps=32",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=2",
+    "train.total_steps=1024",
+    "eval.episodes=4",
+    "eval.num_envs=2",
+    "train.log_every=1",
+    "model.obs_norm=true",
+]
 
 
 def buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -61,7 +71,7 @@ def test_combining_two_halves_equals_one_pass():
 
 
 def test_two_learner_ranks_hold_identical_statistics_equal_to_one_pass_over_both_batches(monkeypatch):
-    """The ranks' batch statistics are gathered and combined on every rank (``dist.all_gather`` simulated in-process)."""
+    """The ranks' batch statistics are gathered and combined on every rank (``all_gather`` simulated in-process)."""
     shards = [EnvShard("raysim/CartPole", 8, seed=s, model=NORM, env_kwargs={"max_episode_steps": 10}) for s in (1, 2)]
     chunks = [s.rollout({"version": 0, "actor": s.actor.state_dict()}, 16) for s in shards]
     single = learner(shards[0])
@@ -120,7 +130,7 @@ def test_statistics_change_only_in_the_learners_update_from_the_chunks_valid_obs
     shard.rollout(weights, 4)
     received = buffers(shard.actor)
     expected = {k: v for k, v in buffers(learn.model).items() if k.startswith("actor.")}
-    assert all(torch.equal(received[k[len("actor."):]], v) for k, v in expected.items())
+    assert all(torch.equal(received[k[len("actor.") :]], v) for k, v in expected.items())
     # and acts on normalized observations: the fused path equals the module's forward
     obs = chunk.obs["policy"][0]
     with torch.no_grad():

@@ -37,8 +37,12 @@ def env_state(env) -> list[torch.Tensor]:
 
 def test_the_terms_are_importable_from_the_documented_module_and_named_in_terms():
     assert TERMS == {
-        "joint_pos": joint_pos, "joint_vel": joint_vel, "ee_pos": ee_pos,
-        "goal": goal, "goal_rel": goal_rel, "last_action": last_action,
+        "joint_pos": joint_pos,
+        "joint_vel": joint_vel,
+        "ee_pos": ee_pos,
+        "goal": goal,
+        "goal_rel": goal_rel,
+        "last_action": last_action,
     }
 
 

@@ -17,8 +17,18 @@ from raysim.plot import plot_run, read_evaluations, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"
-TINY = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=1",
-        "train.total_steps=768", "eval.episodes=4", "eval.num_envs=2", "train.log_every=1", "train.sinks=[parquet]"]
+TINY = [
+    "backend=local",
+    "env.num_envs=4",
+    "algo.num_steps=32",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=1",
+    "train.total_steps=768",
+    "eval.episodes=4",
+    "eval.num_envs=2",
+    "train.log_every=1",
+    "train.sinks=[parquet]",
+]
 
 
 def assert_real_png(path: Path) -> None:
@@ -52,13 +62,22 @@ def test_raysim_plot_draws_a_png_from_a_real_run_with_evaluations(tmp_path, caps
 def test_the_success_rate_panel_uses_k_over_c_with_wilson_intervals(tmp_path):
     sink = ParquetSink(tmp_path / "metrics.parquet")
     for i in range(1, 5):
-        sink.write({"iteration": i, "env_steps": 100 * i, "episode_return": float(i), "pg_loss": -0.1 * i,
-                    "v_loss": 1.0 / i, "entropy": 0.5})
+        sink.write(
+            {
+                "iteration": i,
+                "env_steps": 100 * i,
+                "episode_return": float(i),
+                "pg_loss": -0.1 * i,
+                "v_loss": 1.0 / i,
+                "entropy": 0.5,
+            }
+        )
     outcomes = {2: [True, False, False, False], 4: [True, True, True, False, True]}
     for iteration, successes in outcomes.items():
-        write_records(tmp_path / "eval" / f"{iteration}.parquet",
-                      [{"row": r, "episode": 0, "return": float(s), "length": 10, "success": s}
-                       for r, s in enumerate(successes)])
+        write_records(
+            tmp_path / "eval" / f"{iteration}.parquet",
+            [{"row": r, "episode": 0, "return": float(s), "length": 10, "success": s} for r, s in enumerate(successes)],
+        )
     points = read_evaluations(tmp_path, read_metrics(tmp_path), 0.9)
     assert [(p.iteration, p.env_steps, p.successes, p.completed) for p in points] == [(2, 200, 1, 4), (4, 400, 4, 5)]
     assert points[1].interval == pytest.approx(wilson(4, 5, 0.9))
@@ -71,8 +90,10 @@ def test_plot_of_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys):
 
 
 def test_the_core_and_the_trainer_never_import_plotting():
-    code = ("import sys, raysim, raysim.coordinator, raysim.envs, raysim.rollout.shard, raysim.algos.ppo, raysim.cli; "
-            "print(sorted(m for m in sys.modules if m == 'raysim.plot' or m.split('.')[0] == 'matplotlib'))")
+    code = (
+        "import sys, raysim, raysim.coordinator, raysim.envs, raysim.rollout.shard, raysim.algos.ppo, raysim.cli; "
+        "print(sorted(m for m in sys.modules if m == 'raysim.plot' or m.split('.')[0] == 'matplotlib'))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.algos.guard import GuardedStep, NonFiniteUpdateError
-from raysim.models.networks import ModelConfig
 from raysim.algos.epochs import run_epochs
+from raysim.algos.guard import GuardedStep, NonFiniteUpdateError
 from raysim.algos.ppo import PPOConfig, clipped_objective
 from raysim.learner import Learner
+from raysim.models.networks import ModelConfig
 from raysim.rollout.shard import EnvShard
 
 EPS = 0.2
@@ -44,11 +44,11 @@ def test_log_space_objective_and_gradients_equal_the_classic_form_on_moderate_ra
     ours = objective_and_grads(clipped_objective, logratio, advantages, clip_coef)
     reference = objective_and_grads(classic, logratio, advantages, clip_coef)
     assert ours[0].dtype == torch.float64
-    for mine, theirs, name in zip(ours, reference, ("objective", "d/dlogratio", "d/dadvantages")):
+    for mine, theirs, name in zip(ours, reference, ("objective", "d/dlogratio", "d/dadvantages"), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_log_space_objective_stays_finite_at_a_huge_ratio_with_non_negative_advantages_where_the_classic_form_does_not():
+def test_log_space_objective_stays_finite_at_a_huge_ratio_with_non_negative_advantages_unlike_the_classic_form():
     logratio = torch.full((4,), 100.0)
     for value in (2.0, 0.0):
         advantages = torch.full((4,), value)
@@ -59,7 +59,9 @@ def test_log_space_objective_stays_finite_at_a_huge_ratio_with_non_negative_adva
         torch.testing.assert_close(d_adv, torch.full((4,), 1 + EPS))
 
         c_out, c_dlog, c_dadv = objective_and_grads(classic, logratio, advantages)
-        classic_finite = bool(torch.isfinite(c_out).all() and torch.isfinite(c_dlog).all() and torch.isfinite(c_dadv).all())
+        classic_finite = bool(
+            torch.isfinite(c_out).all() and torch.isfinite(c_dlog).all() and torch.isfinite(c_dadv).all()
+        )
         assert not classic_finite, f"the classic form was finite at A={value}"
         if value == 0.0:
             assert torch.isnan(c_out).all()  # inf * 0
@@ -200,7 +202,7 @@ def test_learner_update_never_modifies_the_chunks_tensors():
     before = [clone_chunk(c) for c in chunks]
     metrics = learner.update(*chunks)
     assert metrics["env_steps"] == 2 * 16 * 4
-    for chunk, saved in zip(chunks, before):
+    for chunk, saved in zip(chunks, before, strict=True):
         for name, value in vars(chunk).items():
             if isinstance(value, dict):
                 assert value.keys() == saved[name].keys()

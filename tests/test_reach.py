@@ -51,8 +51,9 @@ def test_the_env_end_effector_follows_its_joints_and_link_lengths():
 
 
 def test_the_first_order_joint_model_moves_toward_the_target_by_the_exact_decay_per_substep():
-    env = reach(1, dt=0.01, decimation=3, time_constant=0.05, max_joint_vel=100.0,
-                actions={"type": "absolute", "scale": 1.0})
+    env = reach(
+        1, dt=0.01, decimation=3, time_constant=0.05, max_joint_vel=100.0, actions={"type": "absolute", "scale": 1.0}
+    )
     env.joint_pos[0] = torch.tensor([0.0, 0.0])
     env.step(torch.tensor([[1.0, -0.5]]))
     remaining = math.exp(-0.03 / 0.05)  # the error left after 3 sub-steps of the exact solution
@@ -62,7 +63,9 @@ def test_the_first_order_joint_model_moves_toward_the_target_by_the_exact_decay_
 
 
 def test_joint_velocity_is_capped_and_soft_limits_stop_the_joints():
-    env = reach(1, dt=0.01, decimation=4, max_joint_vel=2.0, actions={"type": "absolute", "scale": 2.5, "offset": [0.0, 1.0]})
+    env = reach(
+        1, dt=0.01, decimation=4, max_joint_vel=2.0, actions={"type": "absolute", "scale": 2.5, "offset": [0.0, 1.0]}
+    )
     env.joint_pos[0] = torch.tensor([0.0, 2.75])
     env.step(torch.tensor([[1.0, 1.0]]))  # targets 2.5 rad away / 3.5, beyond the 2.8 limit
     torch.testing.assert_close(env.joint_pos[0], torch.tensor([0.08, 2.8]), atol=1e-6, rtol=0)
@@ -180,8 +183,17 @@ def test_the_episode_report_holds_success_final_distance_and_each_weighted_rewar
         rates.append(float((action - previous).square().sum()))
         previous = action
     report = {k: v.tolist() for k, v in step.episodes.items()}
-    assert set(report) == {"return", "length", "success", "failure", "final_distance",
-                           "reward_distance", "reward_success", "reward_action_rate", "reward_failure"}
+    assert set(report) == {
+        "return",
+        "length",
+        "success",
+        "failure",
+        "final_distance",
+        "reward_distance",
+        "reward_success",
+        "reward_action_rate",
+        "reward_failure",
+    }
     assert report["length"] == [3] and report["success"] == [False]
     final = report["final_distance"][0]
     assert report["reward_distance"][0] == pytest.approx(-2.0 * (sum(distances) + final) / 3, rel=1e-5)
@@ -268,8 +280,11 @@ def test_bad_task_options_are_refused():
 
 
 def test_a_saved_env_state_continues_every_episode_exactly():
-    kwargs = dict(max_episode_steps=15, actions={"type": "relative", "scale": 0.3, "reference": "target"},
-                  observations={"policy": [{"term": "joint_pos", "noise": 0.01}, "goal_rel"], "critic": ["goal"]})
+    kwargs = dict(
+        max_episode_steps=15,
+        actions={"type": "relative", "scale": 0.3, "reference": "target"},
+        observations={"policy": [{"term": "joint_pos", "noise": 0.01}, "goal_rel"], "critic": ["goal"]},
+    )
     env = reach(6, seed=4, **kwargs)
     generator = torch.Generator().manual_seed(0)
     actions = [torch.rand(6, 2, generator=generator) * 2 - 1 for _ in range(40)]
@@ -280,7 +295,7 @@ def test_a_saved_env_state_continues_every_episode_exactly():
     later = [env.step(a) for a in actions[7:]]
     restored = reach(6, seed=99, **kwargs)
     restored.set_state(saved)
-    for a, expected in zip(actions[7:], later):
+    for a, expected in zip(actions[7:], later, strict=True):
         step = restored.step(a)
         torch.testing.assert_close(step.obs, expected.obs, rtol=0, atol=0)
         torch.testing.assert_close(step.reward, expected.reward, rtol=0, atol=0)
@@ -301,10 +316,14 @@ def test_reach_is_registered_and_a_bad_option_names_the_env():
 
 
 def test_an_env_shard_on_reach_produces_chunks_with_both_groups_and_episode_reports():
-    kwargs = {"max_episode_steps": 10, "num_links": 3, "observations": {
-        "policy": [{"term": "joint_pos", "noise": 0.01}, "goal_rel"],
-        "critic": ["joint_pos", "joint_vel", "ee_pos", "goal"],
-    }}
+    kwargs = {
+        "max_episode_steps": 10,
+        "num_links": 3,
+        "observations": {
+            "policy": [{"term": "joint_pos", "noise": 0.01}, "goal_rel"],
+            "critic": ["joint_pos", "joint_vel", "ee_pos", "goal"],
+        },
+    }
     shard = EnvShard("raysim/Reach", 6, seed=0, env_kwargs=kwargs)
     weights = {"version": 0, "actor": shard.actor.state_dict()}
     chunk = shard.rollout(weights, 25)
@@ -322,16 +341,26 @@ def test_an_env_shard_on_reach_produces_chunks_with_both_groups_and_episode_repo
 
 
 def test_left_out_options_resolve_to_the_defaults_so_the_env_identity_does_not_depend_on_spelling_them_out():
-    from raysim.identity import env_identity
     from raysim.envs.reach import DEFAULT_ACTIONS, DEFAULT_OBSERVATIONS, DEFAULT_REWARDS
+    from raysim.identity import env_identity
 
     implicit = {"id": "raysim/Reach", "kwargs": {"num_links": 4}}
-    explicit = {"id": "raysim/Reach", "kwargs": {
-        "num_links": 4, "link_lengths": [0.25] * 4, "tolerance": 0.05, "actions": DEFAULT_ACTIONS,
-        "observations": DEFAULT_OBSERVATIONS, "rewards": DEFAULT_REWARDS,
-    }}
+    explicit = {
+        "id": "raysim/Reach",
+        "kwargs": {
+            "num_links": 4,
+            "link_lengths": [0.25] * 4,
+            "tolerance": 0.05,
+            "actions": DEFAULT_ACTIONS,
+            "observations": DEFAULT_OBSERVATIONS,
+            "rewards": DEFAULT_REWARDS,
+        },
+    }
     assert env_identity(implicit)[0] == env_identity(explicit)[0]
-    assert env_identity(implicit)[0] != env_identity({"id": "raysim/Reach", "kwargs": {"num_links": 4, "tolerance": 0.02}})[0]
+    assert (
+        env_identity(implicit)[0]
+        != env_identity({"id": "raysim/Reach", "kwargs": {"num_links": 4, "tolerance": 0.02}})[0]
+    )
     env = make("raysim/Reach", 2, **implicit["kwargs"])
     assert env.tolerance == pytest.approx(0.05) and env.link_lengths.tolist() == [0.25] * 4
 

@@ -12,13 +12,22 @@ import torch
 
 import raysim
 from raysim.checkpoint import load_checkpoint, load_latest
-from raysim.identity import env_identity
 from raysim.config import ConfigError
 from raysim.envs import make
+from raysim.identity import env_identity
 from raysim.rollout.shard import EnvShard
 
-TINY = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=2",
-        "train.total_steps=1024", "eval.episodes=4", "eval.num_envs=2", "train.log_every=1"]
+TINY = [
+    "backend=local",
+    "env.num_envs=4",
+    "algo.num_steps=32",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=2",
+    "train.total_steps=1024",
+    "eval.episodes=4",
+    "eval.num_envs=2",
+    "train.log_every=1",
+]
 
 
 def write_declaration(folder: Path) -> Path:
@@ -131,7 +140,7 @@ def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_sa
         with pytest.raises(Exception) as caught:
             ray_session.get(call, timeout=120)
         message = str(caught.value)
-        errors.append(message[message.index("RankError"):])
+        errors.append(message[message.index("RankError") :])
     assert errors[0] == errors[1]
     assert "failed on rank 0: RuntimeError" in errors[0] and "rank 1" not in errors[0]
 

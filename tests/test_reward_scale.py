@@ -6,10 +6,10 @@ import numpy as np
 import torch
 
 import raysim
-from raysim.models.networks import ModelConfig
 from raysim.algos.ppo import PPOConfig
 from raysim.checkpoint import load_latest
 from raysim.learner import Learner
+from raysim.models.networks import ModelConfig
 from raysim.rollout.advantages import chunk_values, gae
 from raysim.rollout.shard import EnvShard
 
@@ -33,7 +33,9 @@ def reference_returns(chunks, gamma):
 
 
 def test_return_statistics_follow_the_discounted_returns_and_the_logged_reward_is_untouched():
-    shards = [EnvShard("raysim/CartPole", 4, seed=s, shard_index=s, env_kwargs={"max_episode_steps": 30}) for s in (0, 1)]
+    shards = [
+        EnvShard("raysim/CartPole", 4, seed=s, shard_index=s, env_kwargs={"max_episode_steps": 30}) for s in (0, 1)
+    ]
     algo = PPOConfig(reward_scale=True, gamma=0.9, num_minibatches=2, update_epochs=1)
     learner = Learner(*shards[0].spaces()[:2], ModelConfig(), algo, 10, seed=0)
     chunks = []
@@ -42,7 +44,7 @@ def test_return_statistics_follow_the_discounted_returns_and_the_logged_reward_i
         new = [s.rollout(weights, 16) for s in shards]
         rewards = [c.reward.clone() for c in new]
         learner.update(*new)
-        assert all(torch.equal(c.reward, r) for c, r in zip(new, rewards))
+        assert all(torch.equal(c.reward, r) for c, r in zip(new, rewards, strict=True))
         chunks += new
     expected = reference_returns(sorted(chunks, key=lambda c: c.shard), 0.9)
     norm = learner.algorithm.reward_scale.norm
@@ -61,15 +63,31 @@ def test_advantages_are_computed_from_the_scaled_reward():
     std = float(learner.algorithm.reward_scale.norm.std())
     batch = learner.algorithm.batch([chunk])
     values, next_values = chunk_values(learner.model.critic, chunk)
-    expected = gae(chunk.reward / std, values, next_values, chunk.terminated | chunk.truncated, chunk.mask,
-                   algo.gamma, algo.gae_lambda)
+    expected = gae(
+        chunk.reward / std,
+        values,
+        next_values,
+        chunk.terminated | chunk.truncated,
+        chunk.mask,
+        algo.gamma,
+        algo.gae_lambda,
+    )
     assert torch.allclose(batch["advantages"], expected[chunk.mask], atol=1e-6)
     assert std != 1.0
 
 
 def test_a_run_with_reward_scaling_resumes_exactly(tmp_path):
-    overrides = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=1",
-                 "algo.reward_scale=true", "train.total_steps=1024", "eval.episodes=0", "train.sinks=[]"]
+    overrides = [
+        "backend=local",
+        "env.num_envs=4",
+        "algo.num_steps=32",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "algo.reward_scale=true",
+        "train.total_steps=1024",
+        "eval.episodes=0",
+        "train.sinks=[]",
+    ]
     raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()
     raysim.Trainer(raysim.load_config(None, [*overrides, "train.stop_after=4", f"run_dir={tmp_path / 'b'}"])).train()
     raysim.Trainer.from_run_dir(tmp_path / "b").train()

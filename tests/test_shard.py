@@ -186,7 +186,7 @@ def test_in_process_and_ray_actor_shards_give_identical_chunks(ray_session):
     ]
     remotes = [ray.remote(EnvShard).remote(**kwargs) for kwargs in settings]  # the actors start side by side
     try:
-        for kwargs, remote in zip(settings, remotes):
+        for kwargs, remote in zip(settings, remotes, strict=True):
             local = EnvShard(**kwargs)
             weights_ref = ray.put(weights_of(local, version=2))
             for _ in range(2):  # the second chunk continues the first one's episodes on both sides

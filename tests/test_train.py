@@ -39,10 +39,17 @@ def run(config) -> Summary:
 
 
 def test_ppo_on_native_cartpole_clearly_improves_with_a_fixed_seed(tmp_path):
-    config = raysim.load_config(None, overrides=[
-        "backend=local", "seed=1", "train.total_steps=16384", "train.log_every=4",
-        "eval.episodes=20", f"run_dir={tmp_path / 'run'}",
-    ])
+    config = raysim.load_config(
+        None,
+        overrides=[
+            "backend=local",
+            "seed=1",
+            "train.total_steps=16384",
+            "train.log_every=4",
+            "eval.episodes=20",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
     summary = run(config)
     assert summary.iterations == 16 and summary.env_steps == 16384
     # a random CartPole policy averages ~22; these are far above it
@@ -53,8 +60,17 @@ def test_ppo_on_native_cartpole_clearly_improves_with_a_fixed_seed(tmp_path):
 
 
 def test_the_python_api_trains_and_returns_a_summary(tmp_path):
-    config = raysim.load_config(None, overrides=[*TINY, "backend=local", "shards.count=1", "eval.episodes=2",
-                                                 "eval.every=0", f"run_dir={tmp_path / 'api'}"])
+    config = raysim.load_config(
+        None,
+        overrides=[
+            *TINY,
+            "backend=local",
+            "shards.count=1",
+            "eval.episodes=2",
+            "eval.every=0",
+            f"run_dir={tmp_path / 'api'}",
+        ],
+    )
     summary = raysim.Trainer(config).train()
     assert isinstance(summary, raysim.Summary)
     assert summary.iterations == 6  # 768 env steps of 1 shard x 4 rows x 32 steps
@@ -103,7 +119,7 @@ def test_a_run_through_ray_actors_writes_its_run_directory_and_equals_the_local_
     on_local = run(raysim.load_config(None, overrides=[*TINY, "backend=local", f"run_dir={local_dir}"]))
     local_rows = read_metrics(local_dir)
     assert len(local_rows) == len(rows)
-    for ray_row, local_row in zip(rows, local_rows):
+    for ray_row, local_row in zip(rows, local_rows, strict=True):
         assert ray_row.keys() == local_row.keys()
         differ = {k: (ray_row[k], local_row[k]) for k in ray_row if not same(ray_row[k], local_row[k])}
         assert not differ, differ
@@ -119,10 +135,22 @@ def test_a_users_own_script_runs_the_trainer_on_its_own_ray(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     run_dir = tmp_path / "script-run"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "train_from_script.py"), "256",
-         "env.num_envs=4", "algo.num_steps=32", "algo.update_epochs=1", "eval.episodes=2", "eval.num_envs=2",
-         f"run_dir={run_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_from_script.py"),
+            "256",
+            "env.num_envs=4",
+            "algo.num_steps=32",
+            "algo.update_epochs=1",
+            "eval.episodes=2",
+            "eval.num_envs=2",
+            f"run_dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout

@@ -58,7 +58,9 @@ class Algorithm:
         """The loss of one minibatch and its metrics (tensors, still on the device)."""
         raise NotImplementedError
 
-    def update(self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def update(
+        self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
         """One update on the chunks: ``run_epochs`` of the loss over the batch; the metrics."""
         return run_epochs(self.loss, self.loss_terms, step, self.batch(chunks), self.config, generator)
 

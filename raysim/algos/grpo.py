@@ -44,7 +44,9 @@ class GRPOConfig:
     max_nonfinite_updates: int = 3  # consecutive skipped minibatches before training stops
 
 
-def group_advantages(returns: torch.Tensor, group_size: int, std_normalize: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def group_advantages(
+    returns: torch.Tensor, group_size: int, std_normalize: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
     """Group-relative advantages [N] of the episode returns [N] (rows ``[gG, (g+1)G)`` form group g).
 
     ``(R - mean) / (std + eps)`` with the group's (unbiased) std, or ``R - mean`` when not
@@ -106,7 +108,9 @@ class GRPO(Algorithm):
     def check(cls, config: GRPOConfig, num_envs: int) -> None:
         size = config.group_size
         if not isinstance(size, int) or size < 2 or num_envs % size:
-            raise ValueError(f"algo.group_size must be an integer >= 2 that divides env.num_envs ({num_envs}), got {size!r}")
+            raise ValueError(
+                f"algo.group_size must be an integer >= 2 that divides env.num_envs ({num_envs}), got {size!r}"
+            )
 
     def batch(self, chunks: list[RolloutChunk]) -> Batch:
         """Every valid transition with its member's group advantage."""

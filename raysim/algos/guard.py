@@ -20,8 +20,13 @@ class NonFiniteUpdateError(RuntimeError):
 class GuardedStep:
     """Backward, gradient averaging across ranks, global grad-norm clipping and the optimizer step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, max_grad_norm: float, max_consecutive: int,
-                 ranks: Collectives | None = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        max_grad_norm: float,
+        max_consecutive: int,
+        ranks: Collectives | None = None,
+    ):
         self.optimizer = optimizer
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.max_grad_norm = max_grad_norm
@@ -68,7 +73,7 @@ class GuardedStep:
         self.ranks.all_reduce(flat)
         skipped_anywhere = bool(flat[-1] > 0)
         offset = 0
-        for p, g in zip(self.params, grads):
+        for p, g in zip(self.params, grads, strict=True):
             p.grad = (flat[offset : offset + g.numel()] / self.ranks.world_size).view_as(p)
             offset += g.numel()
         return skipped_anywhere

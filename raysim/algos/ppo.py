@@ -60,7 +60,9 @@ def clipped_objective(logratio: torch.Tensor, advantages: torch.Tensor, clip_coe
     """
     positive = advantages >= 0
     # the bounds in the log-ratio's dtype (Python scalars alone would give float32 bounds)
-    bound = torch.where(positive, logratio.new_tensor(math.log1p(clip_coef)), logratio.new_tensor(math.log1p(-clip_coef)))
+    bound = torch.where(
+        positive, logratio.new_tensor(math.log1p(clip_coef)), logratio.new_tensor(math.log1p(-clip_coef))
+    )
     inside = torch.where(positive, logratio <= bound, logratio >= bound)
     return advantages * torch.exp(torch.where(inside, logratio, bound))
 
@@ -93,7 +95,12 @@ def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch
 
     entropy_loss = entropy.mean()
     loss = pg_loss - config.ent_coef * entropy_loss + config.vf_coef * v_loss
-    metrics = {"pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy_loss, **ratio_metrics(logratio, config.clip_coef)}
+    metrics = {
+        "pg_loss": pg_loss,
+        "v_loss": v_loss,
+        "entropy": entropy_loss,
+        **ratio_metrics(logratio, config.clip_coef),
+    }
     return loss, metrics
 
 
@@ -112,7 +119,9 @@ class PPO(Algorithm):
     def collection(cls, config: PPOConfig) -> FixedSteps:
         return FixedSteps(config.num_steps)
 
-    def update(self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def update(
+        self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
         if self.reward_scale is not None:  # before the advantages, which divide by its std
             self.reward_scale.observe(chunks, self.ranks)
         return super().update(chunks, step, generator)

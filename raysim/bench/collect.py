@@ -36,11 +36,14 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
+
+from raysim.bench.peers import MISSING, peer_module
 
 ENV_ID = "raysim/CartPole"
 GYM_ID = "CartPole-v1"
@@ -128,89 +131,6 @@ def _ray_row(n: int, steps: int, seed: int, model, chunk_values) -> Row:
     return Row(RAY, collect, lambda: ray.kill(shard))
 
 
-class CleanRLLoop:
-    """CleanRL ``ppo.py``'s rollout loop over a vector env with a Gymnasium-style API."""
-
-    def __init__(self, envs, num_envs: int, model, steps: int, seed: int, net: str = "cleanrl"):
-        self.envs, self.steps = envs, steps
-        if net == "cleanrl":  # CleanRL's own networks (nn.Tanh), with raysim's weights
-            self.actor, self.critic = cleanrl_net(model.actor.net), cleanrl_net(model.critic.net)
-        else:  # raysim's modules themselves (its Tanh is 2*sigmoid(2x)-1)
-            self.actor, self.critic = model.actor.net, model.critic.net
-        obs_shape = envs.single_observation_space.shape
-        self.obs = torch.zeros((steps, num_envs, *obs_shape))
-        self.actions = torch.zeros((steps, num_envs))
-        self.logprobs = torch.zeros((steps, num_envs))
-        self.rewards = torch.zeros((steps, num_envs))
-        self.dones = torch.zeros((steps, num_envs))
-        self.values = torch.zeros((steps, num_envs))
-        next_obs, _ = envs.reset(seed=seed)
-        self.next_obs = torch.Tensor(next_obs)
-        self.next_done = torch.zeros(num_envs)
-
-    def __call__(self, version: int):
-        next_obs, next_done = self.next_obs, self.next_done
-        for step in range(self.steps):
-            self.obs[step] = next_obs
-            self.dones[step] = next_done
-            with torch.no_grad():
-                logits = self.actor(next_obs)
-                probs = torch.distributions.Categorical(logits=logits)
-                action = probs.sample()
-                logprob = probs.log_prob(action)
-                self.values[step] = self.critic(next_obs).flatten()
-            self.actions[step] = action
-            self.logprobs[step] = logprob
-            next_obs, reward, terminations, truncations, _ = self.envs.step(action.cpu().numpy())
-            next_done = np.logical_or(terminations, truncations)
-            self.rewards[step] = torch.tensor(reward).view(-1)
-            next_obs, next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
-        with torch.no_grad():
-            next_value = self.critic(next_obs).reshape(1, -1)
-        self.next_obs, self.next_done = next_obs, next_done
-        return next_value
-
-    def close(self) -> None:
-        self.envs.close()
-
-
-def cleanrl_net(net: torch.nn.Sequential) -> torch.nn.Sequential:
-    """The network as CleanRL's ppo.py builds it (``nn.Linear`` and ``nn.Tanh``), holding ``net``'s weights.
-
-    raysim's ``Tanh`` module computes ``2*sigmoid(2x)-1`` (about 5x cheaper here than
-    ``torch.tanh``); the baselines run what a CleanRL user runs: ``torch.tanh``.
-    """
-    layers = [torch.nn.Tanh() if not isinstance(m, torch.nn.Linear) else m for m in net]
-    copy = torch.nn.Sequential(*[torch.nn.Linear(m.in_features, m.out_features) if isinstance(m, torch.nn.Linear) else m
-                                 for m in layers])
-    copy.load_state_dict(net.state_dict())
-    return copy
-
-
-def _gym_rows(n: int, steps: int, seed: int, model, net: str = "cleanrl") -> list[Row]:
-    import gymnasium as gym
-
-    rows = []
-    for name, mode in ((SYNC, "sync"), (NATIVE, "vector_entry_point")):
-        loop = CleanRLLoop(gym.make_vec(GYM_ID, n, vectorization_mode=mode), n, model, steps, seed, net)
-        rows.append(Row(name, loop, loop.close))
-    return rows
-
-
-def _envpool_row(n: int, steps: int, seed: int, model, results: Results, net: str = "cleanrl") -> list[Row]:
-    if ENVPOOL in results.skipped:
-        return []
-    try:
-        import envpool
-
-        envs = envpool.make(GYM_ID, env_type="gymnasium", num_envs=n, seed=seed)
-        loop = CleanRLLoop(envs, n, model, steps, seed, net)
-    except Exception as error:  # usually: not installed
-        results.skipped[ENVPOOL] = f"{type(error).__name__}: {error}"
-        return []
-    return [Row(ENVPOOL, loop, loop.close)]
-
-
 def _floor_row(n: int, steps: int, model) -> Row:
     from raysim.models import MLPInference
     from raysim.rollout.advantages import critic_values
@@ -234,8 +154,11 @@ def _floor_row(n: int, steps: int, model) -> Row:
 
 def _measure(n: int, args, results: Results) -> None:
     model, rows = _raysim_rows(n, args.steps, args.seed, not args.no_ray, results)
-    rows += _gym_rows(n, args.steps, args.seed, model, args.baseline_net)
-    rows += _envpool_row(n, args.steps, args.seed, model, results, args.baseline_net)
+    peers = peer_module("collect_peers")
+    if peers is None:
+        results.skipped["peers (Gymnasium, EnvPool)"] = MISSING
+    else:
+        rows += peers.rows(n, args.steps, args.seed, model, results, args.baseline_net)
     rows.append(_floor_row(n, args.steps, model))
     try:
         for rnd in range(args.warmups + args.samples):
@@ -270,13 +193,16 @@ def _measure_scale(args, results: Results) -> list[list[str]]:
     from raysim.seeding import derive_seed
 
     if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, logging_level="ERROR", _system_config=SIDE_BY_SIDE)
+        ray.init(
+            num_cpus=os.cpu_count() or 2, include_dashboard=False, logging_level="ERROR", _system_config=SIDE_BY_SIDE
+        )
     cpus = ray.cluster_resources().get("CPU", 1.0)
     table, per_shard = [], None
     for count in sorted(args.scale):
         shards = [
-            ray.remote(EnvShard).options(num_cpus=min(1.0, cpus / count)).remote(
-                ENV_ID, args.scale_envs, seed=derive_seed(args.seed, 12, i), shard_index=i)
+            ray.remote(EnvShard)
+            .options(num_cpus=min(1.0, cpus / count))
+            .remote(ENV_ID, args.scale_envs, seed=derive_seed(args.seed, 12, i), shard_index=i)
             for i in range(count)
         ]
         try:
@@ -301,8 +227,16 @@ def _measure_scale(args, results: Results) -> list[list[str]]:
         rate = count * args.scale_envs * args.steps / med
         if per_shard is None:  # the first (smallest) count is the reference: its rate per shard
             per_shard = rate / count
-        table.append([str(count), str(count * args.scale_envs), _ms(med * 1e3), f"{rate:,.0f}",
-                      f"{rate / per_shard:.2f}x", f"{rate / (count * per_shard):.0%}"])
+        table.append(
+            [
+                str(count),
+                str(count * args.scale_envs),
+                _ms(med * 1e3),
+                f"{rate:,.0f}",
+                f"{rate / per_shard:.2f}x",
+                f"{rate / (count * per_shard):.0%}",
+            ]
+        )
     return table
 
 
@@ -326,7 +260,7 @@ def _ratio(num: float | None, den: float | None) -> str:
 
 def _table(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
 
 
@@ -349,7 +283,8 @@ def _header(args) -> str:
             "the complete chunk with values for every observation (raysim: `shard.rollout(weights, T)` then",
             "`chunk_values(critic, chunk)`, terminal values of the eligible rows included; baselines: CleanRL's",
             "ppo.py rollout loop with its bootstrap value, networks: "
-            f"{'CleanRL nn.Tanh' if args.baseline_net == 'cleanrl' else 'raysim modules'}). FP32 actor and critic MLPs [64, 64] Tanh, "
+            f"{'CleanRL nn.Tanh' if args.baseline_net == 'cleanrl' else 'raysim modules'}). "
+            "FP32 actor and critic MLPs [64, 64] Tanh, "
             f"{torch.get_num_threads()} torch thread,",
             f"seed {args.seed}, {args.warmups} warm-up and {args.samples} measured rounds per N, the rows alternating "
             "within each round; median ms (min-max).",
@@ -369,39 +304,70 @@ def _load() -> str:
 
 
 def _report(args, envs: list[int], results: Results, scale: list[list[str]] | None = None) -> str:
+    out = _time_tables(args, envs, results) + _floor_and_memory(args, envs, results)
+    if scale:
+        out += [
+            "",
+            f"## Scaling: Ray actor shards of {args.scale_envs} rows collecting {args.steps} steps in parallel "
+            f"(one weights ref per round, chunks delivered to the driver; {os.cpu_count()} CPUs)",
+            "",
+            _table(
+                ["shards", "rows", "median ms per round", "env steps/s", "speed-up vs 1 shard", "parallel efficiency"],
+                scale,
+            ),
+            "",
+            "A simulated multi-node cluster (ray.cluster_utils.Cluster) is not measured: "
+            "its nodes would share these cores.",
+        ]
+    out += ["", f"Load average at the end: {_load()} (on {os.cpu_count()} CPUs)."]
+    if results.skipped:
+        out += ["", "Skipped rows:", ""] + [f"- {row}: {why}" for row, why in results.skipped.items()]
+    return "\n".join(out)
+
+
+def _time_tables(args, envs: list[int], results: Results) -> list[str]:
+    """Every row's time per chunk, with speed-ups against the two Gymnasium baselines; the rows x N summary."""
     rows = [r for r in ROWS if any((r, n) in results.times for n in envs)]
-    out = []
     detail = []
     for n in envs:
         sync, native = results.median(SYNC, n), results.median(NATIVE, n)
         for row in rows:
             samples = results.times.get((row, n))
-            if not samples:
-                continue
-            med = statistics.median(samples)
-            detail.append(
-                [
-                    row,
-                    str(n),
-                    _ms(med),
-                    f"{_ms(min(samples))}-{_ms(max(samples))}",
-                    f"{args.steps * n / med * 1e3:,.0f}",
-                    _ratio(sync, med),
-                    _ratio(native, med),
-                ]
-            )
-    out += [
+            if samples:
+                med = statistics.median(samples)
+                detail.append(
+                    [
+                        row,
+                        str(n),
+                        _ms(med),
+                        f"{_ms(min(samples))}-{_ms(max(samples))}",
+                        f"{args.steps * n / med * 1e3:,.0f}",
+                        _ratio(sync, med),
+                        _ratio(native, med),
+                    ]
+                )
+    header = [
+        "row",
+        "N",
+        "median ms",
+        "min-max ms",
+        "env steps/s",
+        "speed-up vs SyncVectorEnv",
+        "speed-up vs CartPoleVectorEnv",
+    ]
+    return [
         "## Collection time per chunk",
         "",
-        _table(
-            ["row", "N", "median ms", "min-max ms", "env steps/s", "speed-up vs SyncVectorEnv", "speed-up vs CartPoleVectorEnv"],
-            detail,
-        ),
+        _table(header, detail),
         "",
         "## Median ms, rows x N",
         "",
         _table(["row", *(f"N={n}" for n in envs)], [[r, *(_ms(results.median(r, n)) for n in envs)] for r in rows]),
     ]
+
+
+def _floor_and_memory(args, envs: list[int], results: Results) -> list[str]:
+    """The compute floor against the in-process shard, and the peak memory after each N."""
     floor_rows = []
     for n in envs:
         samples = results.times.get((FLOOR, n))
@@ -415,32 +381,19 @@ def _report(args, envs: list[int], results: Results, scale: list[list[str]] | No
                     _ratio(results.median(INPROC, n), med),
                 ]
             )
-    out += [
+    return [
         "",
-        f"## Compute floor: {args.steps} actor forwards on [N, 4] + one critic forward on {args.steps + 1}*N observations "
-        "(no_grad, same thread)",
+        f"## Compute floor: {args.steps} actor forwards on [N, 4] + one critic forward on "
+        f"{args.steps + 1}*N observations (no_grad, same thread)",
         "",
-        _table(["N", "floor median ms (min-max)", "raysim in-process median ms", "raysim in-process / floor"], floor_rows),
+        _table(
+            ["N", "floor median ms (min-max)", "raysim in-process median ms", "raysim in-process / floor"], floor_rows
+        ),
         "",
         "## Peak resident memory of this process (ru_maxrss; Ray's worker processes not included)",
         "",
         _table(["after N", "peak RSS MiB"], [[str(n), f"{results.peak_rss_mib[n]:.0f}"] for n in envs]),
     ]
-    if scale:
-        out += [
-            "",
-            f"## Scaling: Ray actor shards of {args.scale_envs} rows collecting {args.steps} steps in parallel "
-            f"(one weights ref per round, chunks delivered to the driver; {os.cpu_count()} CPUs)",
-            "",
-            _table(["shards", "rows", "median ms per round", "env steps/s", "speed-up vs 1 shard", "parallel efficiency"],
-                   scale),
-            "",
-            "A simulated multi-node cluster (ray.cluster_utils.Cluster) is not measured: its nodes would share these cores.",
-        ]
-    out += ["", f"Load average at the end: {_load()} (on {os.cpu_count()} CPUs)."]
-    if results.skipped:
-        out += ["", "Skipped rows:", ""] + [f"- {row}: {why}" for row, why in results.skipped.items()]
-    return "\n".join(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -448,21 +401,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="raysim bench collect",
         description="Time the collection of one rollout chunk (CartPole) by raysim and by CleanRL-style baselines.",
     )
-    parser.add_argument("--envs", type=int, nargs="+", default=None, help=f"numbers of env rows (default {DEFAULT_ENVS})")
+    parser.add_argument(
+        "--envs", type=int, nargs="+", default=None, help=f"numbers of env rows (default {DEFAULT_ENVS})"
+    )
     parser.add_argument("--warmups", type=int, default=None, help="discarded rounds per N (default 5)")
     parser.add_argument("--samples", type=int, default=None, help="measured rounds per N (default 15)")
     parser.add_argument("--steps", type=int, default=32, help="steps per chunk (default 32)")
-    parser.add_argument("--seed", type=int, default=42, help="seed of the envs, the model and the sampling (default 42)")
+    parser.add_argument(
+        "--seed", type=int, default=42, help="seed of the envs, the model and the sampling (default 42)"
+    )
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor row (and do not start Ray)")
     parser.add_argument(
-        "--baseline-net", choices=["cleanrl", "raysim"], default="cleanrl",
+        "--baseline-net",
+        choices=["cleanrl", "raysim"],
+        default="cleanrl",
         help="networks of the baseline loops: CleanRL's (nn.Tanh; default) or raysim's modules (its cheaper Tanh)",
     )
     parser.add_argument(
-        "--scale", type=int, nargs="*", default=None,
+        "--scale",
+        type=int,
+        nargs="*",
+        default=None,
         help="shard counts of the Ray scaling table (default 1 2 4; none with --quick or --no-ray)",
     )
-    parser.add_argument("--scale-envs", type=int, default=1024, help="rows per shard in the scaling table (default 1024)")
+    parser.add_argument(
+        "--scale-envs", type=int, default=1024, help="rows per shard in the scaling table (default 1024)"
+    )
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: --envs 1 64 --warmups 1 --samples 3 unless given"
     )

@@ -1,8 +1,8 @@
 """``Collector``: every shard's chunk of an iteration, with dead shards replaced and elastic growth.
 
-    collector = Collector(backend, config, roles.shards, plan)
-    chunks = collector.collect(weights)      # futures the learner resolves; the driver reads receipts only
-    collector.grow()                         # elastic shards: add what the cluster has room for
+collector = Collector(backend, config, roles.shards, plan)
+chunks = collector.collect(weights)      # futures the learner resolves; the driver reads receipts only
+collector.grow()                         # elastic shards: add what the cluster has room for
 """
 
 from __future__ import annotations
@@ -76,17 +76,28 @@ class Collector:
         config = self.config
         if self.backend.alive(self.shards[i], EnvShard.spaces):  # the shard is fine: its input, the weights, is lost
             raise LearnerLost(f"shard {i} could not read the learner's weights: {error}") from error
-        if config.shards.max and len(self.shards) > config.shards.count and self.backend.room_for(shard_request(config)) < 1:
-            print(f"raysim: elastic: shard {i} was lost with its node and there is no room for a "
-                  f"replacement; continuing with {len(self.shards) - 1} shards", flush=True)
+        if (
+            config.shards.max
+            and len(self.shards) > config.shards.count
+            and self.backend.room_for(shard_request(config)) < 1
+        ):
+            print(
+                f"raysim: elastic: shard {i} was lost with its node and there is no room for a "
+                f"replacement; continuing with {len(self.shards) - 1} shards",
+                flush=True,
+            )
             del self.shards[i]
             return False
         self.faults += 1
         if self.faults > config.shards.max_restarts:
-            raise RuntimeError(f"shard {i} died and {config.shards.max_restarts} shard restarts are used up "
-                               f"(shards.max_restarts): {error}") from error
-        print(f"raysim: fault: shard {i} died during its rollout ({type(error).__name__}); "
-              f"replaced it, collecting its part of the iteration again", flush=True)
+            raise RuntimeError(
+                f"shard {i} died and {config.shards.max_restarts} shard restarts are used up "
+                f"(shards.max_restarts): {error}"
+            ) from error
+        print(
+            f"raysim: fault: shard {i} died during its rollout ({type(error).__name__}); "
+            f"replaced it, collecting its part of the iteration again",
+            flush=True,
+        )
         self.shards[i] = create_shard(self.backend, config, i, generation=self.faults)
         return True
-

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from raysim.checkpoint import load_checkpoint, locate_checkpoint
 from raysim.config import load_config
@@ -30,7 +30,12 @@ def evaluate(
     """Evaluate a run's latest checkpoint (or the given checkpoint directory); see ``raysim eval``."""
     run_dir, checkpoint = locate_checkpoint(run_dir_or_checkpoint)
     overrides = [f"eval.episodes={episodes}", f"eval.deterministic={deterministic}", f"eval.balanced={balanced}"]
-    for key, value in (("eval.seed", seed), ("eval.shards", shards), ("eval.num_envs", envs_per_shard), ("backend", backend)):
+    for key, value in (
+        ("eval.seed", seed),
+        ("eval.shards", shards),
+        ("eval.num_envs", envs_per_shard),
+        ("backend", backend),
+    ):
         if value is not None:
             overrides.append(f"{key}={value}")
     config = load_config(run_dir / "configs" / "train.yaml", overrides)
@@ -41,9 +46,14 @@ def evaluate(
         handles = [create_shard(runner, config, i, evaluation=True) for i in range(config.eval.shards)]
         _, _, max_episode_steps = runner.get(handles[0].call(EnvShard.spaces))
         report = evaluate_on_shards(
-            runner, lambda i: create_shard(runner, config, i, evaluation=True), handles,
-            [config.eval.num_envs] * len(handles), weights, EvalSpec.of(config.eval, max_episode_steps),
-            on_scored_episode, on_episode,
+            runner,
+            lambda i: create_shard(runner, config, i, evaluation=True),
+            handles,
+            [config.eval.num_envs] * len(handles),
+            weights,
+            EvalSpec.of(config.eval, max_episode_steps),
+            on_scored_episode,
+            on_episode,
         )
     finally:
         if started:

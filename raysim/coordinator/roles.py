@@ -62,8 +62,14 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
     keys = (11 if evaluation else 10, index) + ((generation,) if generation else ())
     seed = derive_seed(config.eval.seed if evaluation else config.seed, *keys)
     return backend.create(
-        EnvShard, config.env.id, num_envs, seed=seed, model=config.model, env_kwargs=config.env.kwargs,
-        shard_index=index, on_nonfinite=config.env.on_nonfinite,
+        EnvShard,
+        config.env.id,
+        num_envs,
+        seed=seed,
+        model=config.model,
+        env_kwargs=config.env.kwargs,
+        shard_index=index,
+        on_nonfinite=config.env.on_nonfinite,
         options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},
     )
 
@@ -71,10 +77,19 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
 def create_learner(backend: Backend, config: Config, spaces: tuple, iterations: int) -> LearnerGroup:
     """The learner group of ``config`` (``learner.ranks`` ranks); ``iterations``: the updates planned."""
     return LearnerGroup(
-        backend, config.learner.ranks, *spaces, config.model, config.algo, iterations, seed=config.seed,
+        backend,
+        config.learner.ranks,
+        *spaces,
+        config.model,
+        config.algo,
+        iterations,
+        seed=config.seed,
         device=config.learner.device,
-        options={"num_cpus": config.learner.num_cpus, "num_gpus": config.learner.num_gpus,
-                 "resources": dict(config.learner.resources)},
+        options={
+            "num_cpus": config.learner.num_cpus,
+            "num_gpus": config.learner.num_gpus,
+            "resources": dict(config.learner.resources),
+        },
     )
 
 
@@ -84,7 +99,9 @@ def create_roles(backend: Backend, config: Config, iterations: int) -> Roles:
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
         backend.request_capacity(shard_request(config), config.shards.max)
     evaluates = config.eval.episodes or config.eval.every or config.eval.every_steps
-    eval_shards = [create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)]
+    eval_shards = [
+        create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)
+    ]
     observation_spaces, action_space, max_episode_steps = backend.get(shards[0].call(EnvShard.spaces))
     spaces: tuple[Any, ...] = (observation_spaces, action_space)
     return Roles(shards, eval_shards, create_learner(backend, config, spaces, iterations), max_episode_steps, spaces)

@@ -26,11 +26,11 @@ class RunState:
     version: int = 0  # the learner's policy version
     evaluation: Scored | None = None  # the last evaluation
 
-    def advanced(self, env_steps: int, version: int) -> "RunState":
+    def advanced(self, env_steps: int, version: int) -> RunState:
         """The state after one more completed iteration that collected ``env_steps``."""
         return replace(self, iteration=self.iteration + 1, env_steps=self.env_steps + env_steps, version=version)
 
-    def scored(self, mean_return: float | None) -> "RunState":
+    def scored(self, mean_return: float | None) -> RunState:
         """The state with an evaluation of this iteration's weights."""
         return replace(self, evaluation=Scored(self.iteration, mean_return))
 
@@ -43,7 +43,7 @@ class RunState:
         return meta
 
     @classmethod
-    def from_checkpoint(cls, meta: dict[str, Any], state: dict[str, Any]) -> "RunState":
+    def from_checkpoint(cls, meta: dict[str, Any], state: dict[str, Any]) -> RunState:
         evaluation = None
         if meta.get("eval_return") is not None:
             evaluation = Scored(int(meta.get("evaluated_iteration", meta["iteration"])), meta["eval_return"])

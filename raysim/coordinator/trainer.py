@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from raysim.actors import Backend
 from raysim.algos import algorithm_class
 from raysim.checkpoint import CheckpointError, load_latest, save_checkpoint
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.coordinator.collector import Collector, LearnerLost
-from raysim.coordinator.roles import Roles, create_learner, create_roles, create_shard, start_backend
+from raysim.coordinator.roles import create_learner, create_roles, create_shard, start_backend
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.snapshot import new_run_dir, write_snapshot
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
@@ -100,8 +100,9 @@ class Trainer:
     continues a run from its newest intact checkpoint.
     """
 
-    def __init__(self, config: Config, address: str | None = None, sinks: list | None = None,
-                 resume: ResumePoint | None = None):
+    def __init__(
+        self, config: Config, address: str | None = None, sinks: list | None = None, resume: ResumePoint | None = None
+    ):
         check_config(config)
         self.config = config
         self.address = address
@@ -119,8 +120,14 @@ class Trainer:
         self.learner_restarts = 0
 
     @classmethod
-    def from_run_dir(cls, run_dir: str | Path, config: str | Path | None = None, overrides: list[str] | None = None,
-                     force: bool = False, address: str | None = None) -> "Trainer":
+    def from_run_dir(
+        cls,
+        run_dir: str | Path,
+        config: str | Path | None = None,
+        overrides: list[str] | None = None,
+        force: bool = False,
+        address: str | None = None,
+    ) -> Trainer:
         """A trainer that continues ``run_dir`` (also after the directory was moved).
 
         ``config``: the run's own snapshot by default; or the original declaration; or an env
@@ -135,7 +142,9 @@ class Trainer:
         identity, canonical = env_identity(to_dict(config_obj.env))
         if identity != meta.get("identity"):
             lines = differences(meta.get("canonical_env", {}), canonical)
-            message = "the env differs from the checkpoint's:\n  " + "\n  ".join(lines or ["(no canonical config saved)"])
+            message = "the env differs from the checkpoint's:\n  " + "\n  ".join(
+                lines or ["(no canonical config saved)"]
+            )
             if not force:
                 raise ConfigError(f"cannot resume {run_dir}: {message}\nPass --force to resume anyway.")
             print(f"raysim: WARNING: resuming with --force although {message}", flush=True)
@@ -185,8 +194,17 @@ class Trainer:
             state = state.scored(report.mean_return)
         self._save(state)
         self.sinks_set.close()
-        return Summary(state.env_steps, state.iteration, wall, startup, str(self.run_dir), self.record, report,
-                       not finished, state.env_steps - self.first.env_steps)
+        return Summary(
+            state.env_steps,
+            state.iteration,
+            wall,
+            startup,
+            str(self.run_dir),
+            self.record,
+            report,
+            not finished,
+            state.env_steps - self.first.env_steps,
+        )
 
     def stop_reason(self, state: RunState) -> str | None:
         """Why the run stops after ``state`` (None: it goes on): the evaluation target ``eval.stop_return``,
@@ -211,7 +229,9 @@ class Trainer:
         try:
             return self._iterate(state)
         except Exception as error:
-            lost = isinstance(error, LearnerLost) or (self.backend.is_actor_failure(error) and not self.roles.learner.alive())
+            lost = isinstance(error, LearnerLost) or (
+                self.backend.is_actor_failure(error) and not self.roles.learner.alive()
+            )
             if not lost:
                 raise
             state = self._restart_learner(error)
@@ -231,7 +251,9 @@ class Trainer:
             self.weights = roles.learner.get_weights()
         clock.iterations += 1
         before, state = state, state.advanced(int(result["env_steps"]), int(result["policy_version"]))
-        if eval_due(cfg, state.iteration, before.env_steps, state.env_steps) and not self.budget_reached(state):  # the final evaluation comes after
+        if eval_due(cfg, state.iteration, before.env_steps, state.env_steps) and not self.budget_reached(
+            state
+        ):  # the final evaluation comes after
             with clock.phase("time_eval"):
                 report = self._evaluate(state.iteration)
             state = state.scored(report.mean_return)
@@ -263,8 +285,14 @@ class Trainer:
         record = {k: v for k, v in result.items() if k != "env_steps"}
         record.update(self.pending_eval)
         record.update(self.clock.per_iteration())
-        record.update({"iteration": state.iteration, "env_steps": state.env_steps, "time": elapsed,
-                       "steps_per_s": (state.env_steps - self.first.env_steps) / max(elapsed, 1e-9)})
+        record.update(
+            {
+                "iteration": state.iteration,
+                "env_steps": state.env_steps,
+                "time": elapsed,
+                "steps_per_s": (state.env_steps - self.first.env_steps) / max(elapsed, 1e-9),
+            }
+        )
         self.sinks_set.write(record)
         self.record, self.pending_eval = record, {}
 
@@ -281,13 +309,17 @@ class Trainer:
         roles.learner.load_state(point.state)
         saved = point.state.get("shards") or []
         if len(saved) == len(roles.shards):
-            modes = self.backend.get([s.call(EnvShard.set_state, state) for s, state in zip(roles.shards, saved)])
+            calls = [s.call(EnvShard.set_state, state) for s, state in zip(roles.shards, saved, strict=True)]
+            modes = self.backend.get(calls)
             how = "exactly" if all(m == "exact" for m in modes) else "; ".join(sorted(set(modes)))
         else:
             how = f"with fresh episodes ({len(saved)} shards saved, {len(roles.shards)} now)"
         state = RunState.from_checkpoint(point.meta, point.state)
-        print(f"raysim: resuming {self.run_dir} from {point.checkpoint} (iteration {state.iteration}, "
-              f"{state.env_steps:,} env steps); shards continue {how}", flush=True)
+        print(
+            f"raysim: resuming {self.run_dir} from {point.checkpoint} (iteration {state.iteration}, "
+            f"{state.env_steps:,} env steps); shards continue {how}",
+            flush=True,
+        )
         return state
 
     def _restart_learner(self, error: Exception) -> RunState:
@@ -295,20 +327,27 @@ class Trainer:
         cfg, roles = self.config, self.roles
         self.learner_restarts += 1
         if self.learner_restarts > cfg.learner.max_restarts:
-            raise RuntimeError(f"the learner died and {cfg.learner.max_restarts} restarts are used up "
-                               f"(learner.max_restarts): {error}") from error
+            raise RuntimeError(
+                f"the learner died and {cfg.learner.max_restarts} restarts are used up (learner.max_restarts): {error}"
+            ) from error
         for handle in roles.learner.handles:
             self.backend.kill(handle)
         roles.learner = create_learner(self.backend, cfg, roles.spaces, self.planned)
         try:
             checkpoint, state, meta = load_latest(self.run_dir)
         except CheckpointError:
-            print(f"raysim: fault: the learner died ({type(error).__name__}); no checkpoint yet: "
-                  "restarted it from scratch", flush=True)
+            print(
+                f"raysim: fault: the learner died ({type(error).__name__}); no checkpoint yet: "
+                "restarted it from scratch",
+                flush=True,
+            )
             return RunState()
         roles.learner.load_state(state)
-        print(f"raysim: fault: the learner died ({type(error).__name__}); restarted it from {checkpoint} "
-              f"(iteration {meta['iteration']})", flush=True)
+        print(
+            f"raysim: fault: the learner died ({type(error).__name__}); restarted it from {checkpoint} "
+            f"(iteration {meta['iteration']})",
+            flush=True,
+        )
         return RunState.from_checkpoint(meta, state)
 
     # -- storage, evaluation, sinks ---------------------------------------------------------------
@@ -322,8 +361,12 @@ class Trainer:
     def _evaluate(self, iteration: int) -> EvalReport:
         cfg, backend, roles = self.config, self.backend, self.roles
         report = evaluate_on_shards(
-            backend, lambda i: create_shard(backend, cfg, i, evaluation=True), roles.eval_shards,
-            [cfg.eval.num_envs] * len(roles.eval_shards), self.weights, EvalSpec.of(cfg.eval, roles.max_episode_steps),
+            backend,
+            lambda i: create_shard(backend, cfg, i, evaluation=True),
+            roles.eval_shards,
+            [cfg.eval.num_envs] * len(roles.eval_shards),
+            self.weights,
+            EvalSpec.of(cfg.eval, roles.max_episode_steps),
         )
         write_records(self.run_dir / "eval" / f"{iteration}.parquet", report.records)
         return report
@@ -332,8 +375,13 @@ class Trainer:
         if self.sinks is not None:
             return SinkSet(self.sinks)
         cfg = self.config
-        return make_sinks(cfg.train.sinks, self.run_dir, cfg.train.total_steps, keep_until=state.iteration,
-                          env_steps=state.env_steps if self.resume else 0)
+        return make_sinks(
+            cfg.train.sinks,
+            self.run_dir,
+            cfg.train.total_steps,
+            keep_until=state.iteration,
+            env_steps=state.env_steps if self.resume else 0,
+        )
 
 
 def eval_due(config: Config, iteration: int, steps_before: int, env_steps: int) -> bool:

@@ -13,4 +13,16 @@ from raysim.envs.gym_vector import RaysimEnv, RaysimVectorEnv, register_gymnasiu
 
 register_gymnasium(["raysim/CartPole", "raysim/Reach"])  # gymnasium.make_vec("raysim/CartPole-v0", num_envs=N)
 
-__all__ = ["BatchedEnv", "CartPole", "Obs", "RaysimEnv", "RaysimVectorEnv", "Reach", "Step", "TorchEnv", "make", "register", "registered"]
+__all__ = [
+    "BatchedEnv",
+    "CartPole",
+    "Obs",
+    "RaysimEnv",
+    "RaysimVectorEnv",
+    "Reach",
+    "Step",
+    "TorchEnv",
+    "make",
+    "register",
+    "registered",
+]

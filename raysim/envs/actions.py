@@ -21,7 +21,8 @@ as ``{"type": "relative", "scale": 0.2, "reference": "position", "limit": "joint
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -50,7 +51,9 @@ def _limit_bounds(limit: Any, num_joints: int, joint_limits: torch.Tensor | None
     else:
         bounds = torch.as_tensor(limit, dtype=torch.float32)
     if bounds.shape != (2, num_joints):
-        raise ValueError(f"limit bounds must have shape [2, {num_joints}] ([[lo...], [hi...]]), got {tuple(bounds.shape)}")
+        raise ValueError(
+            f"limit bounds must have shape [2, {num_joints}] ([[lo...], [hi...]]), got {tuple(bounds.shape)}"
+        )
     if bool((bounds[0] > bounds[1]).any()):
         raise ValueError(f"limit bounds: a lower bound exceeds its upper bound: {bounds.tolist()}")
     return bounds.clone()
@@ -105,8 +108,14 @@ class RelativeJointAction(JointActionTerm):
 
     REFERENCES = ("position", "target")
 
-    def __init__(self, num_envs: int, num_joints: int, scale: float | Sequence[float] = 0.1,
-                 reference: str = "position", **kwargs: Any):
+    def __init__(
+        self,
+        num_envs: int,
+        num_joints: int,
+        scale: float | Sequence[float] = 0.1,
+        reference: str = "position",
+        **kwargs: Any,
+    ):
         if reference not in self.REFERENCES:
             raise ValueError(f"reference must be one of {self.REFERENCES}, got {reference!r}")
         super().__init__(num_envs, num_joints, scale, **kwargs)
@@ -120,8 +129,14 @@ class RelativeJointAction(JointActionTerm):
 class AbsoluteJointAction(JointActionTerm):
     """``target = offset + scale * action`` (e.g. offset = mid-range, scale = half-range)."""
 
-    def __init__(self, num_envs: int, num_joints: int, scale: float | Sequence[float] = 1.0,
-                 offset: float | Sequence[float] = 0.0, **kwargs: Any):
+    def __init__(
+        self,
+        num_envs: int,
+        num_joints: int,
+        scale: float | Sequence[float] = 1.0,
+        offset: float | Sequence[float] = 0.0,
+        **kwargs: Any,
+    ):
         super().__init__(num_envs, num_joints, scale, **kwargs)
         self.offset = _per_joint(offset, self.num_joints, "offset").to(self.device)
 
@@ -132,8 +147,13 @@ class AbsoluteJointAction(JointActionTerm):
 ACTION_TERMS = {"relative": RelativeJointAction, "absolute": AbsoluteJointAction}
 
 
-def make_action_term(config: dict | None, num_envs: int, num_joints: int,
-                     joint_limits: torch.Tensor | None = None, device: str | torch.device = "cpu") -> JointActionTerm:
+def make_action_term(
+    config: dict | None,
+    num_envs: int,
+    num_joints: int,
+    joint_limits: torch.Tensor | None = None,
+    device: str | torch.device = "cpu",
+) -> JointActionTerm:
     """A term from ``{"type": "relative" | "absolute", **options}`` (default: relative)."""
     options = dict(config or {})
     kind = options.pop("type", "relative")

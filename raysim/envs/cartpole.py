@@ -129,8 +129,17 @@ class CartPole(TorchEnv):
             self._thresholds = torch.tensor([X_THRESHOLD, THETA_THRESHOLD], device=self.device)
             # The constants as float32 0-dim tensors: a Python float operand is converted into one
             # on every call (4 hidden dispatches per op); the values, float32-rounded, are the same.
-            constants = {"pml": POLE_MASS_LENGTH, "total_mass": TOTAL_MASS, "gravity": GRAVITY, "mass_pole": MASS_POLE,
-                         "four_thirds": 4.0 / 3.0, "half_length": HALF_LENGTH, "tau": TAU, "0.1": 0.1, "0.05": 0.05}
+            constants = {
+                "pml": POLE_MASS_LENGTH,
+                "total_mass": TOTAL_MASS,
+                "gravity": GRAVITY,
+                "mass_pole": MASS_POLE,
+                "four_thirds": 4.0 / 3.0,
+                "half_length": HALF_LENGTH,
+                "tau": TAU,
+                "0.1": 0.1,
+                "0.05": 0.05,
+            }
             self._constants = {k: torch.tensor(v, device=self.device) for k, v in constants.items()}
         return self._buffers
 

@@ -24,8 +24,8 @@ Rules (the same as DESIGN.md, "The step contract"):
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import gymnasium as gym
 import torch
@@ -113,8 +113,7 @@ def check_actions(env: BatchedEnv, actions: torch.Tensor) -> None:
     expected = (env.num_envs, *env.action_space.shape)
     if tuple(actions.shape) != expected:
         raise ValueError(
-            f"{env.env_id}: actions must have shape {expected} (num_envs x action shape), "
-            f"got {tuple(actions.shape)}"
+            f"{env.env_id}: actions must have shape {expected} (num_envs x action shape), got {tuple(actions.shape)}"
         )
 
 

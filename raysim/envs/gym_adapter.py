@@ -21,7 +21,8 @@ key to a group of the same name (``policy`` required). Episode reports carry ``r
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

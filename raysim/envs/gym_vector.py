@@ -26,7 +26,8 @@ imports it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -129,11 +130,18 @@ class RaysimVectorEnv(VectorEnv):
                 final_info[key], final_info[f"_{key}"] = array, mask.copy()
             if "return" in step.episodes and "length" in step.episodes:
                 final_info["episode"] = {
-                    "r": final_info["return"].astype(np.float64), "_r": mask.copy(),
-                    "l": final_info["length"].astype(np.int64), "_l": mask.copy(),
+                    "r": final_info["return"].astype(np.float64),
+                    "_r": mask.copy(),
+                    "l": final_info["length"].astype(np.int64),
+                    "_l": mask.copy(),
                 }
                 final_info["_episode"] = mask.copy()
-            info = {"final_obs": final_obs, "_final_obs": mask.copy(), "final_info": final_info, "_final_info": mask.copy()}
+            info = {
+                "final_obs": final_obs,
+                "_final_obs": mask.copy(),
+                "final_info": final_info,
+                "_final_info": mask.copy(),
+            }
         return obs, reward, terminated, truncated, info
 
     def close_extras(self, **kwargs: Any) -> None:

@@ -35,8 +35,9 @@ the env's state).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

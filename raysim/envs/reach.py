@@ -53,7 +53,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -86,8 +87,18 @@ class Reach(TorchEnv):
 
     env_id = "raysim/Reach"
     #: the tensors that, with the action term's target, make up the task state (checkpoints)
-    state_keys = ("joint_pos", "joint_vel", "ee_pos", "goal", "last_action", "distance", "hold_count",
-                  "succeeded", "failed", "reward_sums")
+    state_keys = (
+        "joint_pos",
+        "joint_vel",
+        "ee_pos",
+        "goal",
+        "last_action",
+        "distance",
+        "hold_count",
+        "succeeded",
+        "failed",
+        "reward_sums",
+    )
 
     def __init__(
         self,
@@ -112,40 +123,10 @@ class Reach(TorchEnv):
         rewards: dict | None = None,
     ):
         super().__init__(num_envs, seed, max_episode_steps, device)
-        if isinstance(num_links, bool) or not isinstance(num_links, int) or not 2 <= num_links <= 7:
-            raise ValueError(f"num_links must be an integer in 2..7, got {num_links!r}")
-        J = self.num_links = num_links
-        lengths = [1.0 / J] * J if link_lengths is None else list(link_lengths)
-        if len(lengths) != J or any(not l > 0 for l in lengths):
-            raise ValueError(f"link_lengths must be {J} positive numbers, got {link_lengths!r}")
-        self.link_lengths = torch.tensor(lengths, dtype=torch.float32, device=self.device)
-        self.reach = float(sum(lengths))
-        self.joint_limits = self._parse_limits(joint_limits, J).to(self.device)  # [2, J]
-        if not (dt > 0 and time_constant > 0 and max_joint_vel > 0):
-            raise ValueError("dt, time_constant and max_joint_vel must be > 0")
-        if isinstance(decimation, bool) or not isinstance(decimation, int) or decimation < 1:
-            raise ValueError(f"decimation must be an integer >= 1, got {decimation!r}")
-        self.dt, self.decimation = float(dt), decimation
-        self.alpha = 1.0 - math.exp(-self.dt / float(time_constant))
-        self.max_joint_vel = float(max_joint_vel)
-        self.tolerance = 0.05 * self.reach if tolerance is None else float(tolerance)
-        if not self.tolerance > 0:
-            raise ValueError(f"tolerance must be > 0, got {tolerance!r}")
-        if isinstance(hold_steps, bool) or not isinstance(hold_steps, int) or hold_steps < 1:
-            raise ValueError(f"hold_steps must be an integer >= 1, got {hold_steps!r}")
-        self.hold_steps = hold_steps
-        self.hard_limits = bool(hard_limits)
-        if not 0.0 <= init_joint_range <= 1.0:
-            raise ValueError(f"init_joint_range must be in [0, 1], got {init_joint_range!r}")
-        self.init_joint_range = float(init_joint_range)
-        self.min_goal_distance = 2 * self.tolerance if min_goal_distance is None else float(min_goal_distance)
-        weights = dict(DEFAULT_REWARDS if rewards is None else rewards)
-        unknown = set(weights) - set(REWARD_TERMS)
-        if unknown:
-            raise ValueError(f"unknown reward terms {sorted(unknown)}; terms: {list(REWARD_TERMS)}")
-        self.reward_weights = {k: float(weights[k]) for k in REWARD_TERMS if k in weights}
-        self.reward_names = list(self.reward_weights)  # the columns of reward_sums
-
+        self._set_arm(num_links, link_lengths, joint_limits)
+        self._set_joint_control(dt, decimation, time_constant, max_joint_vel)
+        self._set_episode_rules(tolerance, hold_steps, hard_limits, init_joint_range, min_goal_distance, rewards)
+        J = self.num_links
         self.action_term = make_action_term(
             DEFAULT_ACTIONS if actions is None else actions, self.num_envs, J, self.joint_limits, self.device
         )
@@ -168,6 +149,56 @@ class Reach(TorchEnv):
         self.reset(seed)
         self.observation_spaces = self.observations.spaces(self)
 
+    def _set_arm(self, num_links: int, link_lengths: Sequence[float] | None, joint_limits: Any) -> None:
+        """The links, their lengths (reach radius) and the joint limits, checked."""
+        if isinstance(num_links, bool) or not isinstance(num_links, int) or not 2 <= num_links <= 7:
+            raise ValueError(f"num_links must be an integer in 2..7, got {num_links!r}")
+        J = self.num_links = num_links
+        lengths = [1.0 / J] * J if link_lengths is None else list(link_lengths)
+        if len(lengths) != J or any(not length > 0 for length in lengths):
+            raise ValueError(f"link_lengths must be {J} positive numbers, got {link_lengths!r}")
+        self.link_lengths = torch.tensor(lengths, dtype=torch.float32, device=self.device)
+        self.reach = float(sum(lengths))
+        self.joint_limits = self._parse_limits(joint_limits, J).to(self.device)  # [2, J]
+
+    def _set_joint_control(self, dt: float, decimation: int, time_constant: float, max_joint_vel: float) -> None:
+        """The first-order joint model: sub-step length, sub-steps per step, time constant, speed cap."""
+        if not (dt > 0 and time_constant > 0 and max_joint_vel > 0):
+            raise ValueError("dt, time_constant and max_joint_vel must be > 0")
+        if isinstance(decimation, bool) or not isinstance(decimation, int) or decimation < 1:
+            raise ValueError(f"decimation must be an integer >= 1, got {decimation!r}")
+        self.dt, self.decimation = float(dt), decimation
+        self.alpha = 1.0 - math.exp(-self.dt / float(time_constant))
+        self.max_joint_vel = float(max_joint_vel)
+
+    def _set_episode_rules(
+        self,
+        tolerance: float | None,
+        hold_steps: int,
+        hard_limits: bool,
+        init_joint_range: float,
+        min_goal_distance: float | None,
+        rewards: dict | None,
+    ) -> None:
+        """Success (tolerance held for ``hold_steps``), failure (hard limits), starts, goals and reward weights."""
+        self.tolerance = 0.05 * self.reach if tolerance is None else float(tolerance)
+        if not self.tolerance > 0:
+            raise ValueError(f"tolerance must be > 0, got {tolerance!r}")
+        if isinstance(hold_steps, bool) or not isinstance(hold_steps, int) or hold_steps < 1:
+            raise ValueError(f"hold_steps must be an integer >= 1, got {hold_steps!r}")
+        self.hold_steps = hold_steps
+        self.hard_limits = bool(hard_limits)
+        if not 0.0 <= init_joint_range <= 1.0:
+            raise ValueError(f"init_joint_range must be in [0, 1], got {init_joint_range!r}")
+        self.init_joint_range = float(init_joint_range)
+        self.min_goal_distance = 2 * self.tolerance if min_goal_distance is None else float(min_goal_distance)
+        weights = dict(DEFAULT_REWARDS if rewards is None else rewards)
+        unknown = set(weights) - set(REWARD_TERMS)
+        if unknown:
+            raise ValueError(f"unknown reward terms {sorted(unknown)}; terms: {list(REWARD_TERMS)}")
+        self.reward_weights = {k: float(weights[k]) for k in REWARD_TERMS if k in weights}
+        self.reward_names = list(self.reward_weights)  # the columns of reward_sums
+
     @classmethod
     def materialize(cls, options: dict[str, Any]) -> dict[str, Any]:
         """Fill in the defaults of ``options`` (its own copy), so equal tasks have one canonical config.
@@ -176,14 +207,22 @@ class Reach(TorchEnv):
         ``link_lengths`` / ``tolerance`` the values derived from ``num_links``. A given
         ``actions`` / ``observations`` / ``rewards`` mapping replaces its default whole.
         """
-        for key, default in (("actions", DEFAULT_ACTIONS), ("observations", DEFAULT_OBSERVATIONS), ("rewards", DEFAULT_REWARDS)):
+        for key, default in (
+            ("actions", DEFAULT_ACTIONS),
+            ("observations", DEFAULT_OBSERVATIONS),
+            ("rewards", DEFAULT_REWARDS),
+        ):
             if options.get(key) is None:
                 options[key] = copy.deepcopy(default)
         J = options.get("num_links", 2)
         if options.get("link_lengths") is None and isinstance(J, int) and not isinstance(J, bool) and 2 <= J <= 7:
             options["link_lengths"] = [1.0 / J] * J
         lengths = options.get("link_lengths")
-        if options.get("tolerance") is None and isinstance(lengths, (list, tuple)) and all(isinstance(l, (int, float)) for l in lengths):
+        if (
+            options.get("tolerance") is None
+            and isinstance(lengths, (list, tuple))
+            and all(isinstance(limit, (int, float)) for limit in lengths)
+        ):
             options["tolerance"] = 0.05 * float(sum(lengths))
         return options
 
@@ -195,7 +234,9 @@ class Reach(TorchEnv):
         if limits.shape == (2,):  # one [lo, hi] for every joint
             limits = limits.unsqueeze(1).expand(2, J).clone()
         if limits.shape != (2, J) or bool((limits[0] >= limits[1]).any()):
-            raise ValueError(f"joint_limits must be [lo, hi] or [[lo_1..lo_{J}], [hi_1..hi_{J}]] with lo < hi, got {joint_limits!r}")
+            raise ValueError(
+                f"joint_limits must be [lo, hi] or [[lo_1..lo_{J}], [hi_1..hi_{J}]] with lo < hi, got {joint_limits!r}"
+            )
         return limits
 
     # -- TorchEnv ----------------------------------------------------------------------------

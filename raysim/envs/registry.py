@@ -9,8 +9,9 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from raysim.envs.contract import BatchedEnv, check_num_envs
 

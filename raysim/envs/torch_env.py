@@ -7,8 +7,9 @@ step limit, owned ``final_obs`` and the same-step auto-reset live here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

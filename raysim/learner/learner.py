@@ -142,8 +142,12 @@ class Learner:
         self.scheduler.step()
         self.version += 1
         self.window.add(metrics, episode_sums(chunks))
-        result = {"env_steps": sum(int(c.env_steps) for c in chunks), "policy_version": self.version,
-                  "skipped_updates": self.step.skipped, "lr": lr}
+        result = {
+            "env_steps": sum(int(c.env_steps) for c in chunks),
+            "policy_version": self.version,
+            "skipped_updates": self.step.skipped,
+            "lr": lr,
+        }
         if log:
             result.update(self.metrics())
         return result
@@ -155,12 +159,17 @@ class Learner:
         final_obs, evaluation or the shards). The actor's normalizer takes group ``policy``, the
         critic's its own group; all ranks end with the statistics of the union of their batches.
         """
-        networks = [(m.obs_norm, "policy" if m is self.model.actor else m.group)
-                    for m in (self.model.actor, self.model.critic) if m is not None and m.obs_norm is not None]
+        networks = [
+            (m.obs_norm, "policy" if m is self.model.actor else m.group)
+            for m in (self.model.actor, self.model.critic)
+            if m is not None and m.obs_norm is not None
+        ]
         if not networks:
             return
-        batches = [(norm, moments(torch.cat([c.obs[group][:-1][c.mask].flatten(1) for c in chunks])))
-                   for norm, group in networks]
+        batches = [
+            (norm, moments(torch.cat([c.obs[group][:-1][c.mask].flatten(1) for c in chunks])))
+            for norm, group in networks
+        ]
         merge_across_ranks(batches, self.ranks.gather, self.device)
 
     def metrics(self) -> dict[str, float]:
@@ -177,8 +186,8 @@ class Learner:
         if self.ranks.rank != 0:
             return {}
         values = to_host(reduce_gathered(names, gathered))
-        result = dict(zip(names.means, values))
-        sums = dict(zip(names.sums, values[len(names.means) :]))
+        result = dict(zip(names.means, values, strict=False))
+        sums = dict(zip(names.sums, values[len(names.means) :], strict=False))
         result.update(episode_stats(sums, values[-2], values[-1]))
         return result
 
@@ -188,7 +197,13 @@ def to_device(chunk: RolloutChunk, device: torch.device) -> RolloutChunk:
     if device.type == "cpu":
         return chunk
     fields = {
-        k: ({g: t.to(device) for g, t in v.items()} if isinstance(v, dict) else v.to(device) if torch.is_tensor(v) else v)
+        k: (
+            {g: t.to(device) for g, t in v.items()}
+            if isinstance(v, dict)
+            else v.to(device)
+            if torch.is_tensor(v)
+            else v
+        )
         for k, v in vars(chunk).items()
     }
     return RolloutChunk(**fields)

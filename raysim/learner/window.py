@@ -64,12 +64,14 @@ class MetricWindow:
 def reduce_gathered(names: MetricNames, gathered: torch.Tensor) -> torch.Tensor:
     """Every rank's stacked vector [R, M] reduced: means of the means, sums of the sums, min and max."""
     means, sums = len(names.means), len(names.sums)
-    return torch.cat([
-        gathered[:, :means].mean(0),
-        gathered[:, means : means + sums].sum(0),
-        gathered[:, -2:-1].amin(0),
-        gathered[:, -1:].amax(0),
-    ])
+    return torch.cat(
+        [
+            gathered[:, :means].mean(0),
+            gathered[:, means : means + sums].sum(0),
+            gathered[:, -2:-1].amin(0),
+            gathered[:, -1:].amax(0),
+        ]
+    )
 
 
 def to_host(vector: torch.Tensor) -> list[float]:

@@ -16,5 +16,14 @@ from raysim.models.networks import (
 )
 from raysim.models.normalizer import RunningNorm
 
-__all__ = ["Actor", "ActorCritic", "Critic", "MLPInference", "ModelConfig", "RunningNorm", "actor_state", "sample_categorical",
-           "to_action_space"]
+__all__ = [
+    "Actor",
+    "ActorCritic",
+    "Critic",
+    "MLPInference",
+    "ModelConfig",
+    "RunningNorm",
+    "actor_state",
+    "sample_categorical",
+    "to_action_space",
+]

@@ -45,9 +45,9 @@ class MLPInference:
         if not isinstance(net, nn.Sequential) or len(net) == 0 or not isinstance(net[0], nn.Linear):
             return False
         modules = list(net)
-        return all(isinstance(m, nn.Linear) or isinstance(p, nn.Linear) for p, m in zip(modules, modules[1:])) and not any(
-            isinstance(m, (nn.BatchNorm1d, nn.Dropout)) for m in modules
-        )
+        return all(
+            isinstance(m, nn.Linear) or isinstance(p, nn.Linear) for p, m in zip(modules, modules[1:], strict=False)
+        ) and not any(isinstance(m, (nn.BatchNorm1d, nn.Dropout)) for m in modules)
 
     def _plan(self) -> list[tuple[torch.Tensor, torch.Tensor, nn.Module | None]]:
         """``(weight.t(), bias, activation after it)`` per Linear, read from the live parameters."""
@@ -57,7 +57,9 @@ class MLPInference:
                 after = modules[i + 1] if i + 1 < len(modules) and not isinstance(modules[i + 1], nn.Linear) else None
                 plan.append((module.weight.t(), module.bias, after))
             elif i == 0 or not isinstance(modules[i - 1], nn.Linear):
-                raise TypeError(f"MLPInference expects Linear layers each followed by at most one activation, got {self.net}")
+                raise TypeError(
+                    f"MLPInference expects Linear layers each followed by at most one activation, got {self.net}"
+                )
         return plan
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -68,7 +70,7 @@ class MLPInference:
         plan = self.plan
         rows = x.shape[0]
         buffers = self._buffers.get(rows)
-        if buffers is None or any(b.shape[1] != w.shape[1] for b, (w, _, _) in zip(buffers, plan)):
+        if buffers is None or any(b.shape[1] != w.shape[1] for b, (w, _, _) in zip(buffers, plan, strict=True)):
             buffers = self._buffers[rows] = [x.new_empty((rows, w.shape[1])) for w, _, _ in plan]
         h = x
         norm = self.norm
@@ -80,7 +82,7 @@ class MLPInference:
             torch.div(normalized, norm.std(), out=normalized)
             torch.clamp(normalized, -norm.clip, norm.clip, out=normalized)
             h = normalized
-        for index, ((weight_t, bias, activation), buffer) in enumerate(zip(plan, buffers)):
+        for index, ((weight_t, bias, activation), buffer) in enumerate(zip(plan, buffers, strict=True)):
             target = out if out is not None and index == len(plan) - 1 and activation is None else buffer
             if isinstance(activation, Tanh):
                 torch.addmm(bias, h, weight_t, beta=2, alpha=2, out=target)  # 2 * linear(h), exactly

@@ -58,7 +58,7 @@ def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out
         raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     layers: list[nn.Module] = []
     sizes = [in_dim, *hidden_sizes]
-    for a, b in zip(sizes[:-1], sizes[1:]):
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
         layers += [_init(nn.Linear(a, b), math.sqrt(2)), ACTIVATIONS[activation]()]
     layers.append(_init(nn.Linear(sizes[-1], out_dim), out_gain))
     return nn.Sequential(*layers)
@@ -91,7 +91,9 @@ class Actor(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
             low = torch.tensor(np.asarray(action_space.low, dtype=np.float32)).reshape(-1)  # a copy: the
-            high = torch.tensor(np.asarray(action_space.high, dtype=np.float32)).reshape(-1)  # space's arrays are read-only
+            high = torch.tensor(np.asarray(action_space.high, dtype=np.float32)).reshape(
+                -1
+            )  # space's arrays are read-only
             self.register_buffer("action_low", low, persistent=False)
             self.register_buffer("action_high", high, persistent=False)
             self.squash = config.action_transform == "squash"
@@ -147,8 +149,12 @@ def to_action_space(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
     return torch.maximum(torch.minimum(action, high), low)
 
 
-def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None,
-                       noise: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def sample_categorical(
+    probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One action per row [B] from ``probs`` [B, K]: ``argmax(probs / q)`` with ``q ~ Exp(1)``.
 
     This is exactly what ``torch.multinomial(probs, 1)`` computes on the CPU (its one-sample

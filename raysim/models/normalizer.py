@@ -16,7 +16,7 @@ identical statistics.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -95,7 +95,9 @@ Moments = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (count, mean [D], p
 
 
 def merge_across_ranks(
-    batches: list[tuple[RunningNorm, Moments]], gather: Callable[[torch.Tensor], list[torch.Tensor]], device: torch.device
+    batches: list[tuple[RunningNorm, Moments]],
+    gather: Callable[[torch.Tensor], list[torch.Tensor]],
+    device: torch.device,
 ) -> None:
     """Merge each rank's batch statistics into its running norm, combined over every rank in rank order.
 

@@ -5,5 +5,14 @@ from raysim.rollout.endings import Collection, EvalEpisodes, FixedSteps, GroupEp
 from raysim.rollout.inference import inference
 from raysim.rollout.shard import EnvShard, NonFiniteError
 
-__all__ = ["Collection", "EnvShard", "EvalEpisodes", "FixedSteps", "GroupEpisodes", "GroupResetError", "NonFiniteError",
-           "RolloutChunk", "inference"]
+__all__ = [
+    "Collection",
+    "EnvShard",
+    "EvalEpisodes",
+    "FixedSteps",
+    "GroupEpisodes",
+    "GroupResetError",
+    "NonFiniteError",
+    "RolloutChunk",
+    "inference",
+]

@@ -43,8 +43,9 @@ def critic_values(critic: Critic, obs: dict[str, torch.Tensor]) -> torch.Tensor:
 
     Every block has at least ``VALUE_BLOCK`` rows (the remainder joins the last block): blocks
     that large use the same matmul kernel, and so the same per-row arithmetic, as one forward on
-    all rows (tests/test_fast_path.py checks it; a block of a few rows may take another kernel). Critics that are not a plain
-    ``Critic`` MLP (e.g. with BatchNorm) run their own forward. Call it under ``inference``.
+    all rows (tests/test_fast_path.py checks it; a block of a few rows may take another kernel).
+    Critics that are not a plain ``Critic`` MLP (e.g. with BatchNorm) run their own forward. Call it
+    under ``inference``.
     """
     if not (isinstance(critic, Critic) and MLPInference.supports(critic.net)):
         return critic(obs)
@@ -54,7 +55,7 @@ def critic_values(critic: Critic, obs: dict[str, torch.Tensor]) -> torch.Tensor:
     starts = list(range(0, x.shape[0], VALUE_BLOCK))
     if len(starts) > 1 and x.shape[0] - starts[-1] < VALUE_BLOCK:
         starts.pop()  # no small last block: the matmul kernel for a few rows may round differently
-    for start, end in zip(starts, [*starts[1:], x.shape[0]]):
+    for start, end in zip(starts, [*starts[1:], x.shape[0]], strict=True):
         net(x[start:end], out=values[start:end])
     return values.squeeze(-1)
 

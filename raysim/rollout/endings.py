@@ -20,17 +20,16 @@ into an *ending*, the object its loop consults::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol
 
 import torch
 
-from raysim.envs.contract import Obs, Step
+from raysim.envs.contract import BatchedEnv, Obs, Step
+from raysim.models import Actor
 from raysim.rollout.chunk import RolloutChunk
 from raysim.seeding import derive_seed
-
-if TYPE_CHECKING:  # the shard drives its endings; they only read and reset its env and actor
-    from raysim.rollout.shard import EnvShard
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,25 @@ class EvalEpisodes:
 Collection = FixedSteps | GroupEpisodes  # what an algorithm asks the shards to collect
 
 
+class Acting(Protocol):
+    """What an ending sees of the shard that drives it (``raysim.rollout.shard.EnvShard``)."""
+
+    env_id: str
+    env: BatchedEnv
+    actor: Actor
+    generator: torch.Generator
+    seed: int
+    shard_index: int
+    version: int
+    obs: Obs
+    steps_done: int
+    group_rounds: int
+
+    def sample_discrete(self, policy_obs: torch.Tensor, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
+
+    def restart_rows(self, step: Step, rows: torch.Tensor) -> int: ...
+
+
 class Ending:
     """The parts of the acting loop that depend on what the run is for (see the module docstring)."""
 
@@ -109,7 +127,7 @@ class ChunkBuffer:
     so a chunk never holds the unused tail).
     """
 
-    def __init__(self, shard: EnvShard, obs: Obs, capacity: int):
+    def __init__(self, shard: Acting, obs: Obs, capacity: int):
         self.shard = shard
         T, N = capacity, shard.env.num_envs
         self.capacity = T
@@ -157,10 +175,16 @@ class ChunkBuffer:
         for k, v in last_obs.items():
             self.obs[k][steps].copy_(v)
         finals = self.finals
-        final_obs = {k: torch.cat([s.final_obs[k] for _, s in finals]) for k in self.obs} if finals else {
-            k: v.new_empty((0, *v.shape[2:])) for k, v in self.obs.items()
-        }
-        final_t = torch.cat([torch.full_like(s.done_rows, t) for t, s in finals]) if finals else torch.empty(0, dtype=torch.int64)
+        final_obs = (
+            {k: torch.cat([s.final_obs[k] for _, s in finals]) for k in self.obs}
+            if finals
+            else {k: v.new_empty((0, *v.shape[2:])) for k, v in self.obs.items()}
+        )
+        final_t = (
+            torch.cat([torch.full_like(s.done_rows, t) for t, s in finals])
+            if finals
+            else torch.empty(0, dtype=torch.int64)
+        )
         final_row = torch.cat([s.done_rows for _, s in finals]) if finals else torch.empty(0, dtype=torch.int64)
         if episodes is None:
             episodes = finished_episodes(finals)
@@ -198,7 +222,7 @@ def finished_episodes(finals: list[tuple[int, Step]]) -> dict[str, torch.Tensor]
 class ChunkEnding(Ending):
     """``FixedSteps``: ``T`` steps from where the rows are; the episodes run on into the next chunk."""
 
-    def __init__(self, shard: EnvShard, plan: FixedSteps):
+    def __init__(self, shard: Acting, plan: FixedSteps):
         self.shard, self.steps = shard, int(plan.num_steps)
         self.checks_each_step = False
         self.start = shard.steps_done
@@ -238,7 +262,7 @@ class GroupEnding(Ending):
     ``T-1`` when cut) and ``finished``.
     """
 
-    def __init__(self, shard: EnvShard, plan: GroupEpisodes):
+    def __init__(self, shard: Acting, plan: GroupEpisodes):
         if int(plan.max_steps) < 1:
             raise ValueError(f"max_steps must be >= 1, got {plan.max_steps}")
         self.shard, self.group_size, self.max_steps = shard, int(plan.group_size), int(plan.max_steps)
@@ -305,7 +329,7 @@ class GroupResetError(RuntimeError):
     """The env cannot start the members of a group from the same state."""
 
 
-def group_reset(shard: EnvShard, group_size: int, round_index: int) -> Obs:
+def group_reset(shard: Acting, group_size: int, round_index: int) -> Obs:
     """Reset every row, group members from one shared seed; check their observations are equal.
 
     Group ``g`` of round ``k`` resets from ``derive_seed(shard.seed, 6, g, k)``.
@@ -343,7 +367,7 @@ class EvalEnding(Ending):
     starts its next episode.
     """
 
-    def __init__(self, shard: EnvShard, plan: EvalEpisodes):
+    def __init__(self, shard: Acting, plan: EvalEpisodes):
         N = shard.env.num_envs
         if len(plan.quotas) != N:
             raise ValueError(f"{len(plan.quotas)} quotas for {N} rows")
@@ -364,8 +388,11 @@ class EvalEnding(Ending):
 
     def running(self, t: int) -> bool:
         stop_after = self.plan.stop_after
-        return (t < self.plan.max_steps and not bool((self.started >= self.quota).all())
-                and not (stop_after is not None and len(self.results) >= stop_after))
+        return (
+            t < self.plan.max_steps
+            and not bool((self.started >= self.quota).all())
+            and not (stop_after is not None and len(self.results) >= stop_after)
+        )
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         actor = self.shard.actor

@@ -185,7 +185,11 @@ class EnvShard:
         acting = self._acting
         if acting is None or acting[0].net is not self.actor.net or acting[1].shape[0] != policy_obs.shape[0]:
             rows, width = policy_obs.shape[0], self.actor.net[-1].out_features
-            acting = (MLPInference(self.actor.net, self.actor.obs_norm), torch.empty(rows, width), torch.empty(rows, width))
+            acting = (
+                MLPInference(self.actor.net, self.actor.obs_norm),
+                torch.empty(rows, width),
+                torch.empty(rows, width),
+            )
             self._acting = acting
         net, probs, noise = acting
         log_probs = net(policy_obs if policy_obs.dim() == 2 else policy_obs.flatten(1)).log_softmax(-1)
@@ -242,8 +246,11 @@ class EnvShard:
         step and rows located, as the per-step check would have reported them.
         """
         reward, obs, final_obs = chunk.reward[:steps], chunk.obs, chunk.final_obs
-        if bool(torch.isfinite(reward).all()) and all(bool(torch.isfinite(v[1 : steps + 1]).all()) for v in obs.values()) \
-                and all(bool(torch.isfinite(v).all()) for v in final_obs.values()):
+        if (
+            bool(torch.isfinite(reward).all())
+            and all(bool(torch.isfinite(v[1 : steps + 1]).all()) for v in obs.values())
+            and all(bool(torch.isfinite(v).all()) for v in final_obs.values())
+        ):
             return
         bad = ~torch.isfinite(reward)
         for value in obs.values():

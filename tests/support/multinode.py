@@ -58,18 +58,40 @@ def main(mode: str, run_dir: str) -> None:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
     shards = ["shards.count=4"] if mode == "remove" else ["shards.count=2", "shards.max=4"]
-    config = raysim.load_config(None, [
-        "backend=ray", *shards, "shards.resources={shard: 1}", "env.num_envs=4", "algo.num_steps=32",
-        "algo.num_minibatches=2", "algo.update_epochs=1", f"train.total_steps={PER_SHARD * 4 * 8}",
-        "train.log_every=1", "eval.episodes=0", f"run_dir={run_dir}",
-    ])
+    config = raysim.load_config(
+        None,
+        [
+            "backend=ray",
+            *shards,
+            "shards.resources={shard: 1}",
+            "env.num_envs=4",
+            "algo.num_steps=32",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=1",
+            f"train.total_steps={PER_SHARD * 4 * 8}",
+            "train.log_every=1",
+            "eval.episodes=0",
+            f"run_dir={run_dir}",
+        ],
+    )
     trainer = Trainer(config)
     events = Events(trainer, cluster, mode, workers)
     trainer.sinks = [events]
     summary = trainer.train()
     final = [node_of(s) for s in trainer.roles.shards]
-    print(json.dumps({"steps": events.steps, "placement": events.placement, "final_placement": final, "removed": events.removed,
-                      "env_steps": summary.env_steps, "iterations": summary.iterations}), flush=True)
+    print(
+        json.dumps(
+            {
+                "steps": events.steps,
+                "placement": events.placement,
+                "final_placement": final,
+                "removed": events.removed,
+                "env_steps": summary.env_steps,
+                "iterations": summary.iterations,
+            }
+        ),
+        flush=True,
+    )
     ray.shutdown()
     cluster.shutdown()
 

@@ -1,0 +1,171 @@
+"""The shape of the code: dependencies point one way, no import cycles, short functions, a clean linter."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "raysim"
+#: The core, lowest first: each may import only those before it (DESIGN.md, "Layout").
+CORE = ("seeding", "envs", "models", "rollout", "algos")
+#: What the roles above the core must never import.
+NEVER = {
+    "learner": {
+        "coordinator",
+        "cli",
+        "config",
+        "checkpoint",
+        "metrics",
+        "evaluation",
+        "storage",
+        "plot",
+        "export",
+        "bench",
+    },
+    "coordinator": {"cli", "plot", "export", "bench"},
+}
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Every raysim module ``path`` imports, anywhere in it (lazy and TYPE_CHECKING imports included)."""
+    found = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        found |= {name for name in names if name.split(".")[0] == "raysim" and name in known}
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(path, known) - {name} for name, path in known.items()}
+
+
+def unit(module: str) -> str:
+    """The subpackage or top-level module a module belongs to (``raysim.rollout.shard`` -> ``rollout``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "raysim"
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_modules_lazy_imports_included():
+    assert cycle(graph()) is None, " -> ".join(cycle(graph()))
+
+
+def test_no_cycle_between_subpackages_and_top_level_modules():
+    units: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        if module == "raysim":  # the package's own __init__ re-exports the public API
+            continue
+        units.setdefault(unit(module), set()).update(
+            unit(t) for t in targets if unit(t) not in (unit(module), "raysim")
+        )
+    found = cycle(units)
+    assert found is None, " -> ".join(found)
+
+
+def test_the_core_imports_only_what_lies_below_it_and_the_roles_never_import_upwards():
+    offenders = []
+    for module, targets in graph().items():
+        here = unit(module)
+        for target in {unit(t) for t in targets} - {here}:
+            if here in CORE and (target not in CORE or CORE.index(target) > CORE.index(here)):
+                offenders.append(f"{module} imports raysim.{target}")
+            if target in NEVER.get(here, ()):
+                offenders.append(f"{module} imports raysim.{target}")
+    assert not offenders, offenders
+
+
+def test_the_graph_sees_lazy_imports():
+    edges = graph()
+    assert "raysim.envs.gym_adapter" in edges["raysim.envs.registry"]  # imported inside make()
+    assert "raysim.coordinator" in edges["raysim.cli"]  # imported inside train()
+    assert (
+        cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"] and cycle({"a": {"b"}, "b": set()}) is None
+    )
+
+
+def test_no_function_in_raysim_is_longer_than_sixty_lines_unless_a_comment_says_why():
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+                reason = "# long:" in lines[first - 2] if first >= 2 else False
+                if length > MAX_FUNCTION_LINES and not reason:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert not long, long
+
+
+def ruff() -> list[str]:
+    found = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if found is None:
+        pytest.fail("ruff is not installed: pip install -e '.[test]'")
+    return [found]
+
+
+def test_ruff_check_is_clean():
+    result = subprocess.run(
+        [*ruff(), "check", "raysim", "tests", "benchmarks", "examples"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_ruff_format_leaves_every_file_as_it_is():
+    result = subprocess.run(
+        [*ruff(), "format", "--check", "raysim", "tests", "benchmarks", "examples"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
