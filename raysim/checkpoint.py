@@ -36,11 +36,7 @@ def package_versions() -> dict[str, str]:
 
 
 def save_checkpoint(
-    run_dir: str | Path,
-    iteration: int,
-    state: dict[str, Any],
-    meta: dict[str, Any],
-    keep_last: int = 3,
+    run_dir: str | Path, iteration: int, state: dict[str, Any], meta: dict[str, Any], keep_last: int = 3
 ) -> Path:
     """Write checkpoint ``iteration`` atomically, point ``latest`` at it, prune old ones.
 

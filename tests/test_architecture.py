@@ -169,3 +169,30 @@ def test_ruff_format_leaves_every_file_as_it_is():
         text=True,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_a_third_algorithm_trains_through_the_unchanged_learner_and_coordinator(tmp_path):
+    import raysim
+
+    (tmp_path / "reinforce.yaml").write_text(
+        "name: reinforce\nenv: {id: raysim/CartPole, num_envs: 8}\nalgo: {name: 'tests.support.reinforce:Reinforce'}\n"
+    )
+    overrides = ["backend=local", "train.total_steps=8192", "train.log_every=4", "eval.episodes=10"]
+    config = raysim.load_config(tmp_path / "reinforce.yaml", [*overrides, f"run_dir={tmp_path / 'run'}"])
+    assert type(config.algo).__name__ == "ReinforceConfig" and config.model.critic is False  # critic-free by default
+    summary = raysim.Trainer(config, sinks=[]).train()
+    assert summary.iterations == 16 and summary.env_steps == 8192
+    assert "pg_loss" in summary.metrics and "v_loss" not in summary.metrics
+    assert summary.metrics["episode_return"] > 30, summary.metrics  # a random policy averages ~22
+    resumed = raysim.load_config(tmp_path / "run" / "configs" / "train.yaml")
+    assert resumed.algo.name == "tests.support.reinforce:Reinforce"
+
+
+def test_an_unknown_algorithm_name_is_an_error_that_lists_the_registered_ones():
+    import raysim
+    from raysim.config import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"algo.name must be one of \['grpo', 'ppo'\] or 'module:Class', got 'ppp'; did you"
+    ):
+        raysim.load_config(None, ["algo.name=ppp"])

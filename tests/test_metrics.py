@@ -142,8 +142,17 @@ def test_two_learner_ranks_log_the_mean_over_both_ranks_data(ray_session):
 
     shards = [EnvShard("raysim/CartPole", 4, seed=s) for s in (0, 1)]
     algo = PPOConfig(num_steps=64, num_minibatches=2, update_epochs=1)
+    observation_spaces, action_space, _ = shards[0].spaces()
     group = LearnerGroup(
-        RayBackend(), 2, *shards[0].spaces()[:2], ModelConfig(), algo, 10, seed=0, options={"num_cpus": 1}
+        RayBackend(),
+        2,
+        options={"num_cpus": 1},
+        observation_spaces=observation_spaces,
+        action_space=action_space,
+        model=ModelConfig(),
+        algo=algo,
+        iterations=10,
+        seed=0,
     )
     weights = ray_session.get(group.get_weights())
     rounds = []

@@ -6,16 +6,7 @@ import pytest
 import torch
 
 from raysim.envs import make
-from raysim.envs.observations import (
-    TERMS,
-    ObservationGroups,
-    ee_pos,
-    goal,
-    goal_rel,
-    joint_pos,
-    joint_vel,
-    last_action,
-)
+from raysim.envs.observations import TERMS, ObservationGroups, ee_pos, goal, goal_rel, joint_pos, joint_vel, last_action
 
 CONFIG = {
     "policy": [{"term": "joint_pos", "noise": 0.1}, "goal_rel", {"term": "joint_vel", "scale": 0.5}, "last_action"],

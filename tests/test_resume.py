@@ -129,7 +129,17 @@ def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_sa
     spaces = shard.spaces()[:2]
     algo = PPOConfig(num_steps=16, num_minibatches=2, update_epochs=1)
     backend = RayBackend()
-    group = LearnerGroup(backend, 2, *spaces, ModelConfig(), algo, 10, seed=0, options={"num_cpus": 1})
+    group = LearnerGroup(
+        backend,
+        2,
+        options={"num_cpus": 1},
+        observation_spaces=spaces[0],
+        action_space=spaces[1],
+        model=ModelConfig(),
+        algo=algo,
+        iterations=10,
+        seed=0,
+    )
 
     good = group.state_dict()
     bad = copy.deepcopy(good)

@@ -76,13 +76,15 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
 
 def create_learner(backend: Backend, config: Config, spaces: tuple, iterations: int) -> LearnerGroup:
     """The learner group of ``config`` (``learner.ranks`` ranks); ``iterations``: the updates planned."""
+    observation_spaces, action_space = spaces
     return LearnerGroup(
         backend,
         config.learner.ranks,
-        *spaces,
-        config.model,
-        config.algo,
-        iterations,
+        observation_spaces=observation_spaces,
+        action_space=action_space,
+        model=config.model,
+        algo=config.algo,
+        iterations=iterations,
         seed=config.seed,
         device=config.learner.device,
         options={

@@ -1,6 +1,6 @@
 """``LearnerGroup``: R learner ranks (data-parallel) that the coordinator calls as one learner.
 
-    group = LearnerGroup(backend, ranks=2, ...)          # ranks join one torch.distributed group
+    group = LearnerGroup(backend, 2, model=..., algo=...)  # ranks join one torch.distributed group
     metrics = group.update(chunk_refs)                     # rank r takes chunks r, r+R, r+2R, ...
     weights = group.get_weights()                          # rank 0's weights, an object ref
 
@@ -20,14 +20,15 @@ from raysim.learner.learner import Learner
 class LearnerGroup:
     """One or more ``Learner`` ranks behind the interface of a single learner."""
 
-    def __init__(self, backend: Backend, ranks: int, *args: Any, options: dict | None = None, **kwargs: Any):
+    def __init__(self, backend: Backend, ranks: int, options: dict | None = None, **learner: Any):
+        """``ranks`` ``Learner`` actors (Ray actor ``options``); ``learner``: ``Learner``'s keyword arguments."""
         if ranks < 1:
             raise ValueError(f"learner.ranks must be >= 1, got {ranks}")
         if ranks > 1 and backend.name == "local":
             raise ValueError("learner.ranks > 1 needs the Ray backend (each rank is its own process)")
         self.backend = backend
         self.handles = [
-            backend.create(Learner, *args, rank=r, world_size=ranks, options=options, **kwargs) for r in range(ranks)
+            backend.create(Learner, rank=r, world_size=ranks, options=options, **learner) for r in range(ranks)
         ]
         if ranks > 1:
             host, port = backend.get(self.handles[0].call(Learner.rendezvous_address))

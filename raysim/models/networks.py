@@ -159,7 +159,7 @@ def sample_categorical(
 
     This is exactly what ``torch.multinomial(probs, 1)`` computes on the CPU (its one-sample
     path: the same exponential draws from the generator, the same division and argmax), so the
-    actions are bitwise those of ``multinomial``, without its argument checks (~5x cheaper for
+    actions are bitwise those of ``multinomial``, without its argument checks (cheaper for
     small batches). ``noise`` [B, K] and ``out`` [B] int64 are optional preallocated buffers.
     """
     q = torch.empty_like(probs) if noise is None else noise
