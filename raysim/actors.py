@@ -33,8 +33,9 @@ class Handle:
     def call(self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> Any:
         raise NotImplementedError
 
-    def call_pair(self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> tuple[Any, Any]:
-        """Call a method that returns a pair, as two futures (Ray: two objects, fetched separately)."""
+    def call_split(self, method: Callable, *args: Any, returns: int, **kwargs: Any) -> tuple[Any, ...]:
+        """Call a method that returns a tuple of ``returns`` values, as one future each (Ray: separate objects,
+        fetched separately)."""
         raise NotImplementedError
 
 
@@ -54,6 +55,9 @@ class Backend:
 
     def kill(self, handle: Handle) -> None:
         """Stop the role's process, if it has one."""
+
+    def discard(self, futures: list[Any]) -> None:
+        """Results that will not be used: their errors are taken here (Ray would log each one later)."""
 
     def alive(self, handle: Handle, probe: Callable[[Any], Any]) -> bool:
         """Whether the role's process still answers a cheap call of its method ``probe``."""
@@ -84,8 +88,8 @@ class _LocalHandle(Handle):
     def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.instance, method_name(method))(*args, **kwargs)
 
-    def call_pair(self, method: Callable, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        return getattr(self.instance, method_name(method))(*args, **kwargs)
+    def call_split(self, method: Callable, *args: Any, returns: int, **kwargs: Any) -> tuple[Any, ...]:
+        return tuple(getattr(self.instance, method_name(method))(*args, **kwargs))
 
 
 class LocalBackend(Backend):
@@ -107,8 +111,8 @@ class _RayHandle(Handle):
     def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.actor, method_name(method)).remote(*args, **kwargs)
 
-    def call_pair(self, method: Callable, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        return tuple(getattr(self.actor, method_name(method)).options(num_returns=2).remote(*args, **kwargs))
+    def call_split(self, method: Callable, *args: Any, returns: int, **kwargs: Any) -> tuple[Any, ...]:
+        return tuple(getattr(self.actor, method_name(method)).options(num_returns=returns).remote(*args, **kwargs))
 
 
 class RayBackend(Backend):
@@ -133,6 +137,14 @@ class RayBackend(Backend):
 
     def kill(self, handle: Handle) -> None:
         self.ray.kill(handle.actor)
+
+    def discard(self, futures: list[Any]) -> None:
+        done, _ = self.ray.wait(list(futures), num_returns=len(futures), timeout=0)
+        for future in done:
+            try:
+                self.ray.get(future)
+            except Exception:  # noqa: BLE001 - the failure is known and handled by the caller
+                pass
 
     def is_actor_failure(self, error: BaseException) -> bool:
         return isinstance(error, self.ray.exceptions.RayActorError)

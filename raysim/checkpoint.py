@@ -1,27 +1,55 @@
-"""Checkpoints: ``checkpoints/<iteration>/`` appears whole or not at all; loading runs no code.
+"""Checkpoints: complete or not at all, verified before use, loaded without running code.
 
-A checkpoint directory holds ``state.pt`` (tensors and plain data: weights, optimizer, schedule,
-RNG states, shard and env states) and ``meta.json`` (counters, the env identity and its canonical
-config, package versions). It is written under a temporary name and renamed; the ``latest``
-pointer (``checkpoints/latest``, a one-line file) is replaced atomically after it. Loading uses
-``torch.load(weights_only=True)``: a file that carries pickled code is refused.
+A checkpoint ``checkpoints/<iteration>/`` (``<iteration>.<n>`` when an iteration is saved again)
+holds ``state.pt`` (tensors and plain data: weights, optimizer, schedule, RNG, shard and env states),
+``meta.json`` (counters, the env identity, package versions) and, written last, ``manifest.json``:
+the completion marker, with the SHA-256 and size of every file. Loading verifies every file against
+it: a mismatch, a truncated or unreadable file makes the checkpoint *damaged*, named with its path,
+and ``newest_intact`` falls back to the one before. Checkpoints written before manifests existed load
+as *unverified* (said once). ``torch.load(weights_only=True)`` refuses a file that carries pickled
+code. An evaluation of a checkpoint's own weights is recorded beside it (``score.json``); the best
+scored checkpoint is kept when older ones are pruned.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
-import os
 import platform
-import shutil
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from raysim.storage import RunStorage, Staging
+
+ROOT = "checkpoints"
+MANIFEST, STATE, META, SCORE = "manifest.json", "state.pt", "meta.json", "score.json"
+FORMAT = 2  # meta.json's "checkpoint_format": 2 and later have a manifest
+_NAME = re.compile(r"^(\d+)(?:\.(\d+))?$")
+_warned_unverified: set[str] = set()
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: the message names the file and the cause."""
+
+
+@dataclass(frozen=True, order=True)
+class Checkpoint:
+    """One checkpoint directory of a run."""
+
+    iteration: int
+    attempt: int  # 0 for ``<iteration>``, n for ``<iteration>.<n>`` (saved again)
+    name: str
+
+    @property
+    def rel(self) -> str:
+        return f"{ROOT}/{self.name}"
 
 
 def package_versions() -> dict[str, str]:
@@ -35,113 +63,228 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def save_checkpoint(
-    run_dir: str | Path, iteration: int, state: dict[str, Any], meta: dict[str, Any], keep_last: int = 3
-) -> Path:
-    """Write checkpoint ``iteration`` atomically, point ``latest`` at it, prune old ones.
+class Checkpoints:
+    """The checkpoints of one run: save, list, load (verified), the newest intact one, scores, pruning."""
 
-    Kept: the newest ``keep_last`` checkpoints, plus the one with the best ``meta["eval_return"]``.
-    """
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / str(iteration)
-    tmp = root / f".tmp-{iteration}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
-    meta = {**meta, "iteration": iteration, "versions": package_versions()}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-    for file in tmp.iterdir():
-        with open(file, "rb") as handle:
-            os.fsync(handle.fileno())
-    if final.exists():  # a re-save of the same iteration replaces it whole
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    pointer = root / ".latest.tmp"
-    pointer.write_text(f"{iteration}\n")
-    os.replace(pointer, root / "latest")
-    prune(root, keep_last)
-    return final
+    def __init__(self, storage: RunStorage):
+        self.storage = storage
+
+    def list(self) -> list[Checkpoint]:
+        """Every checkpoint directory (complete or not), oldest first."""
+        found = []
+        for name in self.storage.list(ROOT):
+            match = _NAME.match(name)
+            if match:
+                found.append(Checkpoint(int(match[1]), int(match[2] or 0), name))
+        return sorted(found)
+
+    def save(
+        self,
+        iteration: int,
+        state: dict[str, Any],
+        meta: dict[str, Any],
+        before_marker: Callable[[], None] | None = None,
+    ) -> Checkpoint:
+        """Write checkpoint ``iteration``: its files, then the manifest; an earlier save of it stays until then.
+
+        ``before_marker`` runs when the files are written and the marker is not (tests inject faults there).
+        """
+        taken = [c.attempt for c in self.list() if c.iteration == iteration]
+        attempt = max(taken) + 1 if taken else 0
+        checkpoint = Checkpoint(iteration, attempt, f"{iteration}.{attempt}" if attempt else str(iteration))
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        meta = {**meta, "iteration": iteration, "checkpoint_format": FORMAT, "versions": package_versions()}
+        files = {STATE: buffer.getvalue(), META: json.dumps(meta, indent=2, sort_keys=True).encode()}
+        manifest = {"format": FORMAT, "files": {n: {"sha256": sha256(d), "bytes": len(d)} for n, d in files.items()}}
+        staging = self.storage.staging(checkpoint.rel)
+        try:
+            for name, data in files.items():
+                staging.write(name, data)
+            if before_marker is not None:
+                before_marker()
+            staging.write(MANIFEST, json.dumps(manifest, indent=2).encode())  # the completion marker, last
+            staging.commit()
+        except BaseException:
+            staging.abandon()
+            raise
+        for older in (c for c in self.list() if c.iteration == iteration and c.attempt < attempt):
+            self.storage.remove(older.rel)  # superseded now that the new one is complete
+        return checkpoint
+
+    def load(self, checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(state, meta)``, every file verified against the manifest; ``CheckpointError`` when damaged."""
+        files = self._verified_files(checkpoint)
+        try:
+            meta = json.loads(files[META])
+        except ValueError as error:
+            raise CheckpointError(f"checkpoint file {self._path(checkpoint, META)} is corrupted: {error}") from error
+        return self._load_state(checkpoint, files[STATE]), meta
+
+    def newest_intact(self, announce: bool = True) -> tuple[Checkpoint, dict[str, Any], dict[str, Any]]:
+        """The newest checkpoint that loads: ``(checkpoint, state, meta)``; damaged ones are skipped, said so."""
+        found = self.list()
+        if not found:
+            raise CheckpointError(
+                f"run directory {self.storage.path()} has no checkpoint under {self.storage.path(ROOT)}"
+            )
+        errors = []
+        for checkpoint in reversed(found):
+            try:
+                state, meta = self.load(checkpoint)
+            except CheckpointError as error:
+                errors.append(str(error))
+                if announce:
+                    print(f"raysim: skipping damaged checkpoint: {error}", flush=True)
+                continue
+            if errors and announce:
+                print(f"raysim: falling back to checkpoint {self.storage.path(checkpoint.rel)}", flush=True)
+            return checkpoint, state, meta
+        raise CheckpointError(f"no intact checkpoint in {self.storage.path(ROOT)}: " + "; ".join(errors))
+
+    def record_score(self, checkpoint: Checkpoint, mean_return: float | None) -> None:
+        """An evaluation of exactly this checkpoint's weights (what ``prune`` keeps the best of)."""
+        if mean_return is not None:
+            score = {"iteration": checkpoint.iteration, "eval_return": mean_return}
+            self.storage.write(f"{checkpoint.rel}/{SCORE}", json.dumps(score).encode())
+
+    def score(self, checkpoint: Checkpoint) -> float | None:
+        try:
+            value = json.loads(self.storage.read(f"{checkpoint.rel}/{SCORE}"))["eval_return"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def prune(self, keep_last: int) -> None:
+        """Keep the newest ``keep_last`` complete checkpoints and the best scored one; drop the rest, and the
+        leftovers of saves that were killed (staging directories, incomplete checkpoints older than those kept)."""
+        complete = [c for c in self.list() if self._complete(c)]
+        keep = set(complete[-max(1, keep_last) :])
+        scored = [(s, c) for c in complete if (s := self.score(c)) is not None]
+        if scored:
+            keep.add(max(scored)[1])
+        for checkpoint in self.list():
+            if checkpoint not in keep:  # the run is locked: nothing else is writing one
+                self.storage.remove(checkpoint.rel)
+        for name in self.storage.list(ROOT):
+            if name.startswith(Staging.PREFIX):
+                self.storage.remove(f"{ROOT}/{name}")
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _path(self, checkpoint: Checkpoint, name: str = "") -> str:
+        return self.storage.path(f"{checkpoint.rel}/{name}" if name else checkpoint.rel)
+
+    def _complete(self, checkpoint: Checkpoint) -> bool:
+        names = set(self.storage.list(checkpoint.rel))
+        return MANIFEST in names or ({STATE, META} <= names and not self._is_new_format(checkpoint))
+
+    def _is_new_format(self, checkpoint: Checkpoint) -> bool:
+        try:
+            return json.loads(self.storage.read(f"{checkpoint.rel}/{META}")).get("checkpoint_format", 1) >= FORMAT
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _verified_files(self, checkpoint: Checkpoint) -> dict[str, bytes]:
+        names = set(self.storage.list(checkpoint.rel))
+        if MANIFEST not in names:
+            missing = [n for n in (STATE, META) if n not in names]
+            if missing or self._is_new_format(checkpoint):
+                what = f"{self._path(checkpoint, missing[0])} is missing" if missing else "its manifest.json is missing"
+                raise CheckpointError(
+                    f"checkpoint {self._path(checkpoint)} is incomplete (its save was cut short): {what}"
+                )
+            if checkpoint.rel not in _warned_unverified:
+                _warned_unverified.add(checkpoint.rel)
+                print(
+                    f"raysim: checkpoint {self._path(checkpoint)} predates content hashes: loaded unverified",
+                    flush=True,
+                )
+            return {n: self.storage.read(f"{checkpoint.rel}/{n}") for n in (STATE, META)}
+        try:
+            manifest = json.loads(self.storage.read(f"{checkpoint.rel}/{MANIFEST}"))["files"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(
+                f"checkpoint {self._path(checkpoint, MANIFEST)} is damaged: unreadable ({error})"
+            ) from error
+        files = {}
+        for name, expected in sorted(manifest.items()):
+            path = self._path(checkpoint, name)
+            try:
+                data = self.storage.read(f"{checkpoint.rel}/{name}")
+            except OSError as error:
+                raise CheckpointError(
+                    f"checkpoint {self._path(checkpoint)} is incomplete: {path} is missing"
+                ) from error
+            if len(data) != expected.get("bytes") or sha256(data) != expected.get("sha256"):
+                raise CheckpointError(
+                    f"checkpoint file {path} is damaged: {len(data):,} bytes that do not match the content hash "
+                    f"recorded when it was saved ({expected.get('bytes', 0):,} bytes)"
+                )
+            files[name] = data
+        return files
+
+    def _load_state(self, checkpoint: Checkpoint, data: bytes) -> dict[str, Any]:
+        path = self._path(checkpoint, STATE)
+        if not data:
+            raise CheckpointError(f"checkpoint file {path} cannot be loaded: it is empty (0 bytes)")
+        if not data.startswith(b"PK\x03\x04"):  # torch.save writes a zip archive
+            raise CheckpointError(
+                f"checkpoint file {path} cannot be loaded: it is not a complete torch checkpoint file "
+                f"({len(data):,} bytes that are not a zip archive)"
+            )
+        try:
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as error:  # truncated zip, bad pickle, or a pickled object that would run code
+            text = str(error)
+            if "Weights only load failed" in text and ("Unsupported global" in text or "GLOBAL" in text):
+                cause = "it carries pickled objects (refused: loading never runs code)"
+            elif "zip" in text.lower() or "central directory" in text.lower() or "magic number" in text.lower():
+                cause = f"it is not a complete torch checkpoint file ({text.splitlines()[0]})"
+            else:
+                cause = text.splitlines()[0] if text else type(error).__name__
+            raise CheckpointError(f"checkpoint file {path} cannot be loaded: {cause}") from error
 
 
-def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` checkpoints and the best evaluated one."""
-    steps = checkpoint_steps(root)
-    keep = set(steps[-keep_last:]) if keep_last > 0 else set(steps[-1:])
-    scored = [(read_meta(root / str(s)).get("eval_return"), s) for s in steps]
-    scored = [(score, s) for score, s in scored if isinstance(score, (int, float))]
-    if scored:
-        keep.add(max(scored)[1])
-    for step in steps:
-        if step not in keep:
-            shutil.rmtree(root / str(step), ignore_errors=True)
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
-def checkpoint_steps(root: Path) -> list[int]:
-    """The iterations that have a checkpoint directory, ascending."""
-    return sorted(int(p.name) for p in root.glob("*") if p.is_dir() and p.name.isdigit())
+# -- by path (the commands that take a run directory or a checkpoint directory) -----------------------
 
 
-def read_meta(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((path / "meta.json").read_text())
-    except (OSError, ValueError):
-        return {}
+def save_checkpoint(run_dir: str | Path, iteration: int, state: dict, meta: dict, keep_last: int = 3) -> Path:
+    """Save checkpoint ``iteration`` of the run in ``run_dir`` and prune; its directory."""
+    checkpoints = Checkpoints(RunStorage(run_dir))
+    checkpoint = checkpoints.save(iteration, state, meta)
+    checkpoints.prune(keep_last)
+    return Path(run_dir) / checkpoint.rel
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(state, meta)`` of a checkpoint directory; a clear ``CheckpointError`` when damaged."""
+    """``(state, meta)`` of the checkpoint directory ``path``, verified."""
     path = Path(path)
-    for name in ("state.pt", "meta.json"):
-        if not (path / name).is_file():
-            raise CheckpointError(f"checkpoint {path} is incomplete: {path / name} is missing")
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except ValueError as error:
-        raise CheckpointError(f"checkpoint file {path / 'meta.json'} is corrupted: {error}") from error
-    try:
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated zip, bad pickle, or a pickled object that would run code
-        cause = (
-            "it carries pickled objects (refused: loading never runs code)"
-            if "weights_only" in str(error)
-            else str(error).splitlines()[0]
-        )
-        raise CheckpointError(f"checkpoint file {path / 'state.pt'} cannot be loaded: {cause}") from error
-    return state, meta
+    match = _NAME.match(path.name)
+    if not match:
+        raise CheckpointError(f"{path} is not a checkpoint directory (checkpoints/<iteration>)")
+    checkpoint = Checkpoint(int(match[1]), int(match[2] or 0), path.name)
+    return Checkpoints(RunStorage(path.parent.parent)).load(checkpoint)
 
 
 def load_latest(run_dir: str | Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-    """The newest intact checkpoint of a run: ``(path, state, meta)``.
-
-    Damaged checkpoints are skipped with a message naming the file; none intact is an error.
-    """
-    root = Path(run_dir) / "checkpoints"
-    steps = checkpoint_steps(root)
-    if not steps:
-        raise CheckpointError(f"run directory {run_dir} has no checkpoint under {root}")
-    errors = []
-    for step in reversed(steps):
-        try:
-            state, meta = load_checkpoint(root / str(step))
-        except CheckpointError as error:
-            errors.append(str(error))
-            print(f"raysim: skipping damaged checkpoint: {error}", flush=True)
-            continue
-        if errors:
-            print(f"raysim: falling back to checkpoint {root / str(step)}", flush=True)
-        return root / str(step), state, meta
-    raise CheckpointError(f"no intact checkpoint in {root}: " + "; ".join(errors))
+    """The newest intact checkpoint of a run: ``(path, state, meta)``; damaged ones are skipped, said so."""
+    checkpoint, state, meta = Checkpoints(RunStorage(run_dir)).newest_intact()
+    return Path(run_dir) / checkpoint.rel, state, meta
 
 
-def locate_checkpoint(path: str | Path) -> tuple[Path, Path]:
-    """``(run_dir, checkpoint_dir)`` for a run directory (its newest checkpoint) or a checkpoint directory."""
+def locate_checkpoint(path: str | Path) -> tuple[Path, Path, dict[str, Any], dict[str, Any]]:
+    """``(run_dir, checkpoint_dir, state, meta)`` for a run directory (its newest intact checkpoint, falling
+    back past damaged ones) or a checkpoint directory (exactly that one, verified)."""
     path = Path(path)
-    if (path / "state.pt").is_file():
-        return path.parent.parent, path
+    if _NAME.match(path.name) and path.parent.name == ROOT:
+        state, meta = load_checkpoint(path)
+        return path.parent.parent, path, state, meta
     if not (path / "configs" / "train.yaml").is_file():
-        raise FileNotFoundError(f"{path} is neither a run directory (configs/train.yaml) nor a checkpoint (state.pt)")
-    steps = checkpoint_steps(path / "checkpoints")
-    if not steps:
-        raise FileNotFoundError(f"run directory {path} has no checkpoint under checkpoints/")
-    return path, path / "checkpoints" / str(steps[-1])
+        raise FileNotFoundError(f"{path} is neither a run directory (configs/train.yaml) nor a checkpoint directory")
+    checkpoint_dir, state, meta = load_latest(path)
+    return path, checkpoint_dir, state, meta

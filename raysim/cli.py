@@ -7,6 +7,8 @@ import sys
 
 from raysim.checkpoint import CheckpointError
 from raysim.config import ConfigError, load_config
+from raysim.coordinator.trainer import RunFailed
+from raysim.storage import RunLockedError
 
 TRAIN_HELP = """Train PPO / GRPO on batched envs with Ray.
 
@@ -48,6 +50,9 @@ def add_resume(commands) -> None:
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument("--config", help="config to resume with (default: RUN_DIR/configs/train.yaml)")
     resume.add_argument("--force", action="store_true", help="resume even though the env differs (loud warning)")
+    resume.add_argument(
+        "--break-lock", action="store_true", help="take the run over from the process that holds its lock"
+    )
     add_run_options(resume)
 
 
@@ -165,9 +170,15 @@ def main(argv: list[str] | None = None) -> int:
             from raysim.bench.collect import main as collect
 
             return collect(args.args)
-    except (ConfigError, FileNotFoundError, CheckpointError) as error:
+    except (ConfigError, FileNotFoundError, CheckpointError, RunLockedError) as error:
         print(f"raysim: error: {error}", file=sys.stderr)
         return 2
+    except RunFailed as error:
+        print(f"raysim: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # before the run's own handlers were installed (e.g. while Ray starts)
+        print("\nraysim: interrupted before training started: nothing to save", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -192,12 +203,14 @@ def resume(args: argparse.Namespace) -> int:
     from raysim.coordinator import Trainer
 
     overrides = list(args.overrides) + (["backend=local"] if args.local else [])
-    trainer = Trainer.from_run_dir(args.run_dir, args.config, overrides, force=args.force, address=args.address)
+    trainer = Trainer.from_run_dir(
+        args.run_dir, args.config, overrides, force=args.force, address=args.address, break_lock=args.break_lock
+    )
     return report(trainer.train())
 
 
 def report(summary) -> int:
-    """Print a training summary; the exit code (130 when stopped before the end)."""
+    """Print a training summary; the exit code (130 after SIGINT, 143 after SIGTERM, else 0)."""
     print(
         f"\ndone: {summary.env_steps:,} env steps in {summary.iterations} iterations, "
         f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up), "
@@ -216,9 +229,9 @@ def report(summary) -> int:
                 f"[{lo:.3f}, {hi:.3f}] {100 * evaluation.confidence:g}% Wilson"
             )
     if summary.interrupted:
-        print(f"stopped before the end: continue with `raysim resume {summary.run_dir}`")
+        print(f"stopped before the end ({summary.stopped_by}): continue with `raysim resume {summary.run_dir}`")
     print(f"run directory: {summary.run_dir}")
-    return 130 if summary.interrupted else 0
+    return summary.exit_code
 
 
 def evaluate(args: argparse.Namespace) -> int:

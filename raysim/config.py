@@ -77,7 +77,8 @@ class TrainConfig:
 class CheckpointConfig:
     """When to save and what to keep."""
 
-    every: int = 0  # iterations between checkpoints (0: only at the end)
+    every: int = 50  # iterations between checkpoints (0: none by iterations)
+    every_seconds: float = 300.0  # also after this much wall time since the last checkpoint (0: none by time)
     keep_last: int = 3  # newest checkpoints kept (plus the best by evaluation)
 
 

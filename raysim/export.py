@@ -82,12 +82,11 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
     Returns the module (eval mode, CPU) and a description: env id, spaces, checkpoint, normalization.
     """
     import raysim.envs
-    from raysim.checkpoint import CheckpointError, load_checkpoint, locate_checkpoint
+    from raysim.checkpoint import CheckpointError, locate_checkpoint
     from raysim.config import load_config
 
-    run_dir, checkpoint = locate_checkpoint(path)
+    run_dir, checkpoint, state, meta = locate_checkpoint(path)  # past damaged checkpoints
     config = load_config(run_dir / "configs" / "train.yaml")
-    state, meta = load_checkpoint(checkpoint)
     env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
     try:
         actor = Actor(env.observation_spaces, env.action_space, config.model)

@@ -125,6 +125,11 @@ class ParquetSink:
         if self.dirty:
             self.flush()
 
+    def rewind(self, iteration: int, env_steps: int) -> None:
+        """The run continues from ``iteration``: the rows after it are dropped (they will be logged again)."""
+        self.rows = [r for r in self.rows if (r.get("iteration") or 0) <= iteration]
+        self.flush()
+
 
 class TensorBoardSink:
     """TensorBoard event files in ``log_dir`` (the run's ``tb/``); every metric against the env steps.
@@ -142,7 +147,8 @@ class TensorBoardSink:
             raise ImportError(
                 f"the tensorboard package is not importable ({error}); pip install tensorboard"
             ) from error
-        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step or None)
+        self.log_dir, self.SummaryWriter = str(log_dir), SummaryWriter
+        self.writer = SummaryWriter(self.log_dir, purge_step=purge_step or None)
 
     def write(self, record: Record) -> None:
         step = int(record["env_steps"])
@@ -153,6 +159,11 @@ class TensorBoardSink:
 
     def close(self) -> None:
         self.writer.close()
+
+    def rewind(self, iteration: int, env_steps: int) -> None:
+        """The run continues from ``env_steps``: TensorBoard hides the events logged after them."""
+        self.writer.close()
+        self.writer = self.SummaryWriter(self.log_dir, purge_step=env_steps + 1)
 
 
 def tag(key: str) -> str:
@@ -186,6 +197,17 @@ class SinkSet:
                 sink.write(dict(record))
             except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
                 self.failed(name, "write", error)
+
+    def rewind(self, iteration: int, env_steps: int) -> None:
+        """The run continues from an earlier iteration (a learner restarted from an older checkpoint):
+        every sink that keeps rows drops those after it, so each log step appears once."""
+        for name, sink in self.sinks:
+            rewind = getattr(sink, "rewind", None)
+            if rewind is not None:
+                try:
+                    rewind(iteration, env_steps)
+                except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
+                    self.failed(name, "rewind", error)
 
     def close(self) -> None:
         if self.closed:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import raysim
-from raysim.checkpoint import load_checkpoint, locate_checkpoint
+from raysim.checkpoint import locate_checkpoint
 from raysim.cli import main
 from raysim.models.networks import Actor
 from raysim.rollout.inference import inference
@@ -49,9 +49,8 @@ def raysim_actions(run_dir: Path, obs: torch.Tensor) -> torch.Tensor:
 
     With ``model.obs_norm`` the actor normalizes by its own (loaded) running statistics.
     """
-    run_dir, checkpoint = locate_checkpoint(run_dir)
+    run_dir, _, state, _ = locate_checkpoint(run_dir)
     config = raysim.load_config(run_dir / "configs" / "train.yaml")
-    state, _ = load_checkpoint(checkpoint)
     env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
     actor = Actor(env.observation_spaces, env.action_space, config.model)
     actor.load_state_dict({k[6:]: v for k, v in state["model"].items() if k.startswith("actor.")})
@@ -129,8 +128,7 @@ def test_torchscript_policy_in_a_process_without_raysim_equals_raysim_actions(ru
 def test_export_bakes_in_the_actors_observation_normalization(runs, tmp_path):
     """A run trained with ``model.obs_norm=true``: the export applies the actor's running statistics,
     ``clamp((obs - mean) / sqrt(var + 1e-8), -10, 10)``, and acts exactly as raysim does."""
-    _, checkpoint = locate_checkpoint(runs["reach_norm"])
-    state, _ = load_checkpoint(checkpoint)
+    _, checkpoint, state, _ = locate_checkpoint(runs["reach_norm"])
     mean, var, count = (state["model"][f"actor.obs_norm.{k}"] for k in ("mean", "var", "count"))
     assert float(count) > 0 and not torch.equal(var, torch.ones_like(var))  # trained statistics
 

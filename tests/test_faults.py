@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+import torch
 
 import raysim
+from raysim.checkpoint import Checkpoints
 from raysim.coordinator import Trainer
+from raysim.metrics import ParquetSink
+from raysim.storage import RunStorage
 
 SMALL = [
     "backend=ray",
@@ -46,10 +50,14 @@ def test_a_shard_killed_during_its_rollout_is_replaced_and_the_iteration_batch_i
 
 
 class KillLearnerAt:
-    """A sink that kills learner rank 0 once, after the log step of ``iteration``."""
+    """A sink that kills learner rank 0 once, after the log step of ``iteration``.
 
-    def __init__(self, trainer: Trainer, iteration: int):
-        self.trainer, self.iteration, self.done = trainer, iteration, False
+    ``lose_ready``: also make the last completed iteration's state unreadable, as when the learner's
+    node is lost with the objects it held.
+    """
+
+    def __init__(self, trainer: Trainer, iteration: int, lose_ready: bool = False):
+        self.trainer, self.iteration, self.lose_ready, self.done = trainer, iteration, lose_ready, False
         self.iterations: list[int] = []
 
     def write(self, record: dict) -> None:
@@ -58,20 +66,67 @@ class KillLearnerAt:
             import ray
 
             ray.kill(self.trainer.roles.learner.handles[0].actor)
+            if self.lose_ready:
+                self.trainer.ready.learner = [ray.remote(lost_object).remote()]
             self.done = True
 
     def close(self) -> None:
         pass
 
 
-def test_a_learner_that_dies_is_restarted_from_the_newest_checkpoint(ray_session, tmp_path, capsys):
-    config = raysim.load_config(None, [*SMALL, "checkpoint.every=2", f"run_dir={tmp_path / 'run'}"])
+def lost_object():
+    raise RuntimeError("the object was lost with its node")
+
+
+def run_with_fault(tmp_path, name: str, lose_ready: bool, *overrides: str) -> tuple[KillLearnerAt, object]:
+    run_dir = tmp_path / name
+    config = raysim.load_config(None, [*SMALL, *overrides, f"run_dir={run_dir}"])
     trainer = Trainer(config)
-    sink = KillLearnerAt(trainer, 3)
-    trainer.sinks = [sink]
+    sink = KillLearnerAt(trainer, 3, lose_ready)
+    trainer.sinks = [sink, ParquetSink(run_dir / "metrics.parquet")]
     summary = trainer.train()
+    sink.trainer = None  # the run's actors go with their last handle
+    return sink, summary
+
+
+def final_weights(run_dir) -> dict:
+    return Checkpoints(RunStorage(run_dir)).newest_intact()[1]["model"]
+
+
+def test_a_learner_that_dies_is_restarted_from_the_last_completed_iteration_and_nothing_is_lost(
+    ray_session, tmp_path, capsys
+):
+    sink, summary = run_with_fault(tmp_path, "run", False, "checkpoint.every=0", "checkpoint.every_seconds=0")
     out = capsys.readouterr().out
-    assert "fault: the learner died" in out and "checkpoints/2" in out
+    assert "fault: the learner died" in out and "restarted it from the last completed iteration 3;" in out
     assert summary.iterations == 6 and summary.env_steps == 6 * 2 * 4 * 32
-    # iterations 3 is redone after the restart from checkpoint 2
-    assert sink.iterations == [1, 2, 3, 3, 4, 5, 6]
+    assert sink.iterations == [1, 2, 3, 4, 5, 6]  # nothing redone, nothing logged twice
+    assert [r["iteration"] for r in rows(summary.run_dir)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_when_the_last_state_is_lost_too_the_learner_restarts_from_the_newest_checkpoint_and_the_rows_are_replaced(
+    ray_session, tmp_path, capsys
+):
+    straight = Trainer(raysim.load_config(None, [*SMALL, "checkpoint.every=2", f"run_dir={tmp_path / 'straight'}"]))
+    assert straight.train().env_steps == 6 * 2 * 4 * 32
+    del straight  # its actors leave the test's Ray with their handles
+    sink, summary = run_with_fault(tmp_path, "run", True, "checkpoint.every=2")
+    out = capsys.readouterr().out
+    assert "restarted it from checkpoint" in out and "checkpoints/2 (iteration 2)" in out
+    assert sink.iterations == [1, 2, 3, 3, 4, 5, 6]  # iteration 3 is redone...
+    assert [r["iteration"] for r in rows(summary.run_dir)] == [1, 2, 3, 4, 5, 6]  # ...and logged once in the file
+    assert summary.env_steps == 6 * 2 * 4 * 32
+    a, b = final_weights(tmp_path / "straight"), final_weights(summary.run_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # shards restored with the learner: the same run, bitwise
+    keep = lambda r: {k: v for k, v in r.items() if not k.startswith("time") and k != "steps_per_s"}  # noqa: E731
+    assert [keep(r) for r in rows(summary.run_dir)] == [keep(r) for r in rows(tmp_path / "straight")]
+
+
+def test_with_nothing_surviving_the_restart_from_scratch_says_how_many_iterations_were_lost(
+    ray_session, tmp_path, capsys
+):
+    _, summary = run_with_fault(tmp_path, "run", True, "checkpoint.every=0", "checkpoint.every_seconds=0")
+    out = capsys.readouterr().out
+    assert "no state of it survived: restarted it from scratch; 3 iteration(s) are lost" in out
+    assert summary.iterations == 6 and summary.env_steps == 6 * 2 * 4 * 32
+    assert [r["iteration"] for r in rows(summary.run_dir)] == [1, 2, 3, 4, 5, 6]

@@ -34,7 +34,9 @@ class RewardScale:
 
     def batch_moments(self, chunk: RolloutChunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Advance the chunk's shard's accumulators through the chunk; the moments of its valid returns."""
-        returns = self.returns.get(chunk.shard, torch.zeros(chunk.num_envs, dtype=torch.float64))
+        returns = self.returns.get(chunk.shard)
+        if returns is None or chunk.fresh:  # a new (or replaced) shard's rows start fresh episodes
+            returns = torch.zeros(chunk.num_envs, dtype=torch.float64)
         done = chunk.terminated | chunk.truncated
         seen = []
         for t in range(chunk.num_steps):

@@ -26,6 +26,7 @@ class Collector:
         self.backend, self.config, self.shards, self.plan = backend, config, shards, plan
         self.faults = 0  # shards replaced after their process died
         self.next_index = config.shards.count  # elastic: the index (and seed) of the next new shard
+        self.states: list[Any] = []  # each shard's state after its last chunk (futures), for a checkpoint
 
     def collect(self, weights: Any) -> list[Any]:
         """Every shard's chunk of this iteration, as futures the learner resolves.
@@ -37,20 +38,27 @@ class Collector:
         futures = [self._launch(shard, weights) for shard in self.shards]
         chunks: list[Any] = [None] * len(futures)
         while True:
-            for i, (chunk, receipt) in enumerate(futures):
+            for i, (chunk, receipt, _) in enumerate(futures):
                 if chunks[i] is not None:
                     continue
                 try:
                     self.backend.get(receipt)
                     chunks[i] = chunk
                 except Exception as error:
+                    self.backend.discard(list(futures[i]))
                     if not self.backend.is_actor_failure(error):
                         raise
-                    if not self._replace(i, error):
+                    try:
+                        replaced = self._replace(i, error)
+                    except LearnerLost:  # every shard's chunk of this iteration is lost with the weights
+                        self.backend.discard([f for triple in futures for f in triple])
+                        raise
+                    if not replaced:
                         del futures[i], chunks[i]
                         break  # the indices moved: look at the receipts again
                     futures[i] = self._launch(self.shards[i], weights)
             if all(chunk is not None for chunk in chunks):
+                self.states = [state for _, _, state in futures]
                 return chunks
 
     def grow(self) -> None:
@@ -68,8 +76,8 @@ class Collector:
         if add > 0:
             print(f"raysim: elastic: added {add} shard(s) for new capacity; {len(self.shards)} shards now", flush=True)
 
-    def _launch(self, shard: Handle, weights: Any) -> tuple[Any, Any]:
-        return shard.call_pair(EnvShard.collect, weights, self.plan)
+    def _launch(self, shard: Handle, weights: Any) -> tuple[Any, Any, Any]:
+        return shard.call_split(EnvShard.collect, weights, self.plan, returns=3)
 
     def _replace(self, i: int, error: Exception) -> bool:
         """Shard ``i`` died: replace it (True), or drop it when elastic and there is no room (False)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from raysim.checkpoint import load_checkpoint, locate_checkpoint
+from raysim.checkpoint import locate_checkpoint
 from raysim.config import load_config
 from raysim.coordinator.roles import create_shard, start_backend
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
@@ -28,7 +28,7 @@ def evaluate(
     on_episode: Callable[[dict], None] | None = None,
 ) -> EvalReport:
     """Evaluate a run's latest checkpoint (or the given checkpoint directory); see ``raysim eval``."""
-    run_dir, checkpoint = locate_checkpoint(run_dir_or_checkpoint)
+    run_dir, _, state, meta = locate_checkpoint(run_dir_or_checkpoint)  # past damaged checkpoints
     overrides = [f"eval.episodes={episodes}", f"eval.deterministic={deterministic}", f"eval.balanced={balanced}"]
     for key, value in (
         ("eval.seed", seed),
@@ -39,7 +39,6 @@ def evaluate(
         if value is not None:
             overrides.append(f"{key}={value}")
     config = load_config(run_dir / "configs" / "train.yaml", overrides)
-    state, meta = load_checkpoint(checkpoint)
     weights = {"version": int(meta.get("iteration", 0)), "actor": actor_state(state["model"])}
     runner, started = start_backend(config, address)
     try:

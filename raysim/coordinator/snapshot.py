@@ -43,6 +43,30 @@ def write_snapshot(run_dir: Path, config: Config) -> None:
         write_atomically(configs / name, lambda tmp, text=text: tmp.write_text(text))
 
 
+#: Model options that do not change the shapes or meaning of saved weights (only how they start).
+START_ONLY_MODEL_KEYS = ("init_log_std",)
+
+
+def resume_refusal(meta: dict[str, Any], config: Config) -> str | None:
+    """Why ``config`` cannot continue a checkpoint whose meta.json is ``meta`` (a different model or
+    algorithm: its weights would not load, or would mean something else); None when it can."""
+    lines = []
+    saved_model = meta.get("model")
+    if isinstance(saved_model, dict):
+        model = to_dict(config.model)
+        for key in sorted(set(saved_model) | set(model)):
+            if key not in START_ONLY_MODEL_KEYS and saved_model.get(key) != model.get(key):
+                lines.append(
+                    f"model.{key}: checkpoint has {saved_model.get(key)!r}, this config has {model.get(key)!r}"
+                )
+    saved_algo = meta.get("algo")
+    if isinstance(saved_algo, str) and saved_algo != config.algo.name:
+        lines.append(f"algo.name: checkpoint has {saved_algo!r}, this config has {config.algo.name!r}")
+    if not lines:
+        return None
+    return "the model or algorithm differs from the checkpoint's:\n  " + "\n  ".join(lines)
+
+
 def relative_files(value: Any, base: Path) -> Any:
     """Every ``{file: PATH}`` made relative to ``base`` (so the run directory can move)."""
     if isinstance(value, dict):

@@ -5,35 +5,42 @@
     Trainer.from_run_dir(summary.run_dir).train()     # continue a run from its newest checkpoint
 
 Each iteration: collect (every shard's chunk), update (the learner), maybe evaluate, log, maybe
-save; then the stop rules (``stop_reason``) look at the new ``RunState``. It runs in the driver
-(``raysim train``, a user's script, or a ``ray job``). Data never passes through it: shards receive
-the learner's weights as one object ref, the learner receives the shards' chunk refs. The driver is
-the only role that reads or writes the run directory.
+save; then the stop rules (``stop_reason``) look at the new ``RunState``. Every completed iteration
+leaves its learner and shard states ready in the object store (``Ready``), so whatever stops the run
+(the budget, ``train.stop_after``, SIGINT or SIGTERM at any phase, a failure, the learner's death) it
+ends with a checkpoint of its last completed iteration, and the final evaluation comes after that
+checkpoint is safe. It runs in the driver (``raysim train``, a user's script, or a ``ray job``);
+data never passes through it, and it is the only role that reads or writes the run directory.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raysim.actors import Backend
 from raysim.algos import algorithm_class
-from raysim.checkpoint import CheckpointError, load_latest, save_checkpoint
+from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.coordinator.collector import Collector, LearnerLost
+from raysim.coordinator.phases import PhaseClock
 from raysim.coordinator.roles import create_learner, create_roles, create_shard, start_backend
 from raysim.coordinator.run_state import RunState
-from raysim.coordinator.snapshot import new_run_dir, write_snapshot
+from raysim.coordinator.signals import StopRequested, StopSignals
+from raysim.coordinator.snapshot import new_run_dir, resume_refusal, write_snapshot
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.identity import differences, env_identity
+from raysim.learner.group import combined
 from raysim.metrics import SinkSet, make_sinks
 from raysim.rollout import EnvShard
+from raysim.storage import RunLock, RunStorage
 
-PHASES = ("time_collect", "time_update", "time_eval", "time_checkpoint")  # seconds per iteration, by phase
+FINISHED = ("budget", "solved")  # the stop reasons of a run that reached its end
 
 
 @dataclass
@@ -47,8 +54,14 @@ class Summary:
     run_dir: str
     metrics: dict[str, float] = field(default_factory=dict)  # the last log step's record
     evaluation: EvalReport | None = None
-    interrupted: bool = False  # Ctrl-C, or train.stop_after reached: resume continues
+    interrupted: bool = False  # stopped before the end (a signal, or train.stop_after): resume continues
     steps_this_run: int = 0  # env steps collected by this process (a resumed run counts from its checkpoint)
+    stopped_by: str = "budget"  # budget | solved | stop_after | SIGINT | SIGTERM
+
+    @property
+    def exit_code(self) -> int:
+        """130 after SIGINT, 143 after SIGTERM, else 0 (also for ``train.stop_after``)."""
+        return 128 + signal.Signals[self.stopped_by] if self.stopped_by.startswith("SIG") else 0
 
 
 @dataclass
@@ -58,57 +71,61 @@ class ResumePoint:
     checkpoint: Path
     state: dict[str, Any]
     meta: dict[str, Any]
+    force: bool = False  # the env differs from the checkpoint's and the user insisted
 
 
-class PhaseClock:
-    """Seconds spent per phase since the last log step (``PHASES``), and evaluation time overall."""
+class RunFailed(RuntimeError):
+    """Training failed mid-run; its last completed iteration was saved first (the message says how to resume)."""
 
-    def __init__(self):
-        self.start = time.perf_counter()
-        self.eval_total = 0.0
-        self.reset()
 
-    def reset(self) -> None:
-        self.times, self.iterations = dict.fromkeys(PHASES, 0.0), 0
+@dataclass
+class Ready:
+    """The last completed iteration: its run state and the learner's and shards' states, not fetched yet.
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            seconds = time.perf_counter() - began
-            self.times[name] += seconds
-            if name == "time_eval":
-                self.eval_total += seconds
+    They were taken right after the iteration's update and collection and wait in the object store, so a
+    checkpoint of this iteration needs no learner (it may be busy, or dead) and takes one fetch.
+    """
 
-    def training_seconds(self) -> float:
-        """Wall time since the start, evaluation excluded."""
-        return time.perf_counter() - self.start - self.eval_total
+    state: RunState
+    learner: list[Any] = field(default_factory=list)  # every rank's ``Learner.snapshot`` (futures)
+    shards: list[Any] = field(default_factory=list)  # every shard's ``EnvShard.get_state`` (futures)
+    loaded: dict[str, Any] | None = None  # or: a checkpoint's whole state, as loaded
+    saved: Checkpoint | None = None  # its checkpoint, once written
 
-    def per_iteration(self) -> dict[str, float]:
-        """Mean seconds per iteration by phase since the last reset; resets."""
-        means = {k: v / max(1, self.iterations) for k, v in self.times.items()}
-        self.reset()
-        return means
+    def fetch(self, backend: Backend) -> dict[str, Any]:
+        """The checkpoint state of this iteration: every learner rank's part and every shard's state."""
+        if self.loaded is not None:
+            return self.loaded
+        state = combined(backend.get(self.learner)) if self.learner else {}
+        state["shards"] = backend.get(self.shards)
+        return state
 
 
 class Trainer:
     """Trains ``config`` with shards and a learner group on Ray (or in-process: ``backend: local``).
 
     ``Trainer(config).train()`` starts a new run directory; ``Trainer.from_run_dir(path).train()``
-    continues a run from its newest intact checkpoint.
+    continues a run from its newest intact checkpoint. ``break_lock`` takes the run directory over
+    from a process that holds its lock (one that is gone is detected without it).
     """
 
     def __init__(
-        self, config: Config, address: str | None = None, sinks: list | None = None, resume: ResumePoint | None = None
+        self,
+        config: Config,
+        address: str | None = None,
+        sinks: list | None = None,
+        resume: ResumePoint | None = None,
+        break_lock: bool = False,
     ):
         check_config(config)
         self.config = config
         self.address = address
         self.sinks = sinks
         self.resume = resume
+        self.break_lock = break_lock
         self.run_dir = Path(config.run_dir) if resume else new_run_dir(config)
+        self.storage = RunStorage(self.run_dir)
+        self.checkpoints = Checkpoints(self.storage)
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
         self.plan = algorithm_class(config.algo.name).collection(config.algo)
         # fixed batches: every iteration collects rows x steps_per_row; else (grouped episodes, elastic
@@ -118,6 +135,7 @@ class Trainer:
         self.fixed_batches = per_row is not None and not config.shards.max
         self.planned = max(1, math.ceil(config.train.total_steps / (rows * (per_row or 1))))
         self.learner_restarts = 0
+        self.fault_at = os.environ.get("RAYSIM_FAULT_AT", "")  # tests: "<phase>:<iteration>[:kill|term|int]"
 
     @classmethod
     def from_run_dir(
@@ -127,18 +145,22 @@ class Trainer:
         overrides: list[str] | None = None,
         force: bool = False,
         address: str | None = None,
+        break_lock: bool = False,
     ) -> Trainer:
         """A trainer that continues ``run_dir`` (also after the directory was moved).
 
         ``config``: the run's own snapshot by default; or the original declaration; or an env
         config (such as the run's ``configs/gym.yaml``) that replaces the snapshot's env. An env
         whose identity differs from the checkpoint's is refused, listing every differing key,
-        unless ``force``.
+        unless ``force``; a model or algorithm that differs is always refused.
         """
         run_dir = Path(run_dir).resolve()
-        checkpoint, state, meta = load_latest(run_dir)
+        checkpoint, state, meta = Checkpoints(RunStorage(run_dir)).newest_intact()
         config_obj = load_resume_config(run_dir, config, overrides or [])
         config_obj.run_dir = str(run_dir)
+        refusal = resume_refusal(meta, config_obj)
+        if refusal:
+            raise ConfigError(f"cannot resume {run_dir}: {refusal}")
         identity, canonical = env_identity(to_dict(config_obj.env))
         if identity != meta.get("identity"):
             lines = differences(meta.get("canonical_env", {}), canonical)
@@ -148,52 +170,77 @@ class Trainer:
             if not force:
                 raise ConfigError(f"cannot resume {run_dir}: {message}\nPass --force to resume anyway.")
             print(f"raysim: WARNING: resuming with --force although {message}", flush=True)
-        return cls(config_obj, address=address, resume=ResumePoint(checkpoint, state, meta))
+        point = ResumePoint(run_dir / checkpoint.rel, state, meta, force=identity != meta.get("identity"))
+        return cls(config_obj, address=address, resume=point, break_lock=break_lock)
 
-    # -- the loop ------------------------------------------------------------------------------
+    # -- the run -------------------------------------------------------------------------------
 
     def train(self) -> Summary:
-        """Run to ``train.total_steps`` env steps (Ctrl-C stops cleanly), checkpoint, evaluate."""
+        """Run to ``train.total_steps`` env steps, checkpoint, evaluate; a signal or a failure at any phase
+        ends with a checkpoint of the last completed iteration (``Summary.stopped_by`` says why it stopped)."""
         t0 = time.perf_counter()
-        sinks = None
-        backend, started_ray = start_backend(self.config, self.address)
+        lock = RunLock(self.storage)
+        note = lock.acquire(force=self.break_lock)
+        if note:
+            print(f"raysim: {self.run_dir}: {note}", flush=True)
+        self.sinks_set = None
+        started_ray = False
         try:
-            self.backend = backend
-            self.roles = create_roles(backend, self.config, self.planned)  # self.roles: for inspection
-            self.collector = Collector(backend, self.config, self.roles.shards, self.plan)
-            state = self._restore() if self.resume else self._begin()
-            self.first = state  # where this process started
-            startup = time.perf_counter() - t0
-            sinks = self.sinks_set = self._sinks(state)
-            return self._run(state, startup)
+            self.backend, started_ray = start_backend(self.config, self.address)
+            with StopSignals() as self.signals:
+                try:
+                    self._prepare()
+                except StopRequested as stop:  # before any iteration: nothing to save
+                    print(f"\nraysim: {stop.name} before the first iteration completed: nothing to save", flush=True)
+                    return Summary(
+                        0, 0, 0.0, time.perf_counter() - t0, str(self.run_dir), interrupted=True, stopped_by=stop.name
+                    )
+                return self._run(time.perf_counter() - t0)
         finally:
-            if sinks is not None:  # also when training failed: the console line ends, files are closed
-                sinks.close()
+            if self.sinks_set is not None:  # also when training failed: the console line ends, files are closed
+                self.sinks_set.close()
+            lock.release()
             if started_ray:
                 import ray
 
                 ray.shutdown()
 
-    def _run(self, state: RunState, startup: float) -> Summary:
-        """Iterate until a stop rule holds or Ctrl-C; then the final evaluation and save."""
+    def _prepare(self) -> None:
+        """Roles, the run state to start from (a new run's snapshot, or a checkpoint's), the sinks."""
+        self.roles = create_roles(self.backend, self.config, self.planned)  # self.roles: for inspection
+        self.collector = Collector(self.backend, self.config, self.roles.shards, self.plan)
+        self.ready = self._restore() if self.resume else self._begin()
+        self.first = self.ready.state  # where this process started
+        self.sinks_set = self._sinks(self.first)
+
+    def _run(self, startup: float) -> Summary:
+        """Iterate until a stop rule, a signal or a failure; save; then the final evaluation."""
         self.weights = self.roles.learner.get_weights()
         self.clock, self.record, self.solved = PhaseClock(), {}, None
         self.pending_eval: dict[str, float] = {}  # evaluation metrics waiting for the next log step
-        interrupted, reason = False, None
+        self.last_save = time.monotonic()
+        failure: BaseException | None = None
         try:
-            while (reason := self.stop_reason(state)) is None:
-                state = self._iterate_or_restart(state)
-        except KeyboardInterrupt:
-            interrupted = True
-            print(f"\ninterrupted at iteration {state.iteration}: saving and stopping", flush=True)
+            while (reason := self.stop_reason(self.ready.state)) is None:
+                self._iterate_or_restart()
+        except (StopRequested, KeyboardInterrupt) as stop:
+            reason = stop.name if isinstance(stop, StopRequested) else "SIGINT"
+            print(f"\nraysim: {reason}: stopping; the iteration in progress is abandoned", flush=True)
+        except Exception as error:  # noqa: BLE001 - saved first, then raised as RunFailed
+            reason, failure = "failed", error
         wall = self.clock.training_seconds()
-        finished = reason in ("budget", "solved") and not interrupted
+        self._final_save(failure)
         report = self.solved
-        if report is None and finished and self.config.eval.episodes > 0:
-            report = self._evaluate(state.iteration)
-            state = state.scored(report.mean_return)
-        self._save(state)
+        if reason in FINISHED and report is None and self.config.eval.episodes > 0:
+            try:
+                report = self._evaluate_saved(final=True)
+            except StopRequested as stop:
+                reason = stop.name
+                print(f"\nraysim: {stop.name} during the final evaluation: it was not finished", flush=True)
         self.sinks_set.close()
+        state = self.ready.state
+        if reason not in FINISHED:
+            print(f"raysim: continue with `raysim resume {self.run_dir}`", flush=True)
         return Summary(
             state.env_steps,
             state.iteration,
@@ -202,8 +249,9 @@ class Trainer:
             str(self.run_dir),
             self.record,
             report,
-            not finished,
+            reason not in FINISHED,
             state.env_steps - self.first.env_steps,
+            reason,
         )
 
     def stop_reason(self, state: RunState) -> str | None:
@@ -224,52 +272,49 @@ class Trainer:
             return state.iteration >= self.planned
         return state.env_steps >= self.config.train.total_steps
 
-    def _iterate_or_restart(self, state: RunState) -> RunState:
-        """One iteration; a learner that died on the way is restarted from the newest checkpoint."""
-        try:
-            return self._iterate(state)
-        except Exception as error:
-            lost = isinstance(error, LearnerLost) or (
-                self.backend.is_actor_failure(error) and not self.roles.learner.alive()
-            )
-            if not lost:
-                raise
-            state = self._restart_learner(error)
-            self.weights = self.roles.learner.get_weights()
-            return state
+    # -- one iteration -------------------------------------------------------------------------
 
-    def _iterate(self, state: RunState) -> RunState:
-        """Collect, update, maybe evaluate, log, maybe save: one completed iteration, its new state."""
+    def _iterate_or_restart(self) -> None:
+        """One iteration; a learner that died in any phase is restarted from the last completed iteration."""
+        try:
+            self._iterate()
+        except Exception as error:
+            if not (isinstance(error, LearnerLost) or not self.roles.learner.alive()):
+                raise
+            self._restart_learner(error)
+
+    def _iterate(self) -> None:
+        """Collect, update, maybe evaluate, log, maybe save: one completed iteration (``self.ready``)."""
         cfg, roles, clock = self.config, self.roles, self.clock
-        log = self._log_due(state.iteration + 1)
+        before = self.ready.state
+        iteration = before.iteration + 1
+        log = self._log_due(iteration)
         if cfg.shards.max:
             self.collector.grow()
         with clock.phase("time_collect"):
             chunks = self.collector.collect(self.weights)  # futures; dead shards replaced
+        self._fault("collect", iteration)
         with clock.phase("time_update"):
             result = roles.learner.update(chunks, log=log)
             self.weights = roles.learner.get_weights()
+        self._fault("update", iteration)
         clock.iterations += 1
-        before, state = state, state.advanced(int(result["env_steps"]), int(result["policy_version"]))
-        if eval_due(cfg, state.iteration, before.env_steps, state.env_steps) and not self.budget_reached(
-            state
-        ):  # the final evaluation comes after
-            with clock.phase("time_eval"):
-                report = self._evaluate(state.iteration)
-            state = state.scored(report.mean_return)
-            self.pending_eval = eval_metrics(report)
+        state = before.advanced(int(result["env_steps"]), int(result["policy_version"]))
+        self.ready = Ready(state, roles.learner.snapshots, self.collector.states)
+        if eval_due(cfg, state.iteration, before.env_steps, state.env_steps) and not self.budget_reached(state):
+            with clock.phase("time_eval"):  # the final evaluation comes after the final save
+                report = self._evaluate_saved()
             target = cfg.eval.stop_return
             if target is not None and report.mean_return is not None and report.mean_return >= target:
                 self.solved = report
-        if not log and self.stop_reason(state) is not None:  # the last iteration always logs
+        if not log and self.stop_reason(self.ready.state) is not None:  # the last iteration always logs
             log = True
             result.update(roles.learner.metrics())
         if log:
-            self._log(state, result)
-        if cfg.checkpoint.every and state.iteration % cfg.checkpoint.every == 0 and self.stop_reason(state) is None:
-            with clock.phase("time_checkpoint"):
-                self._save(state)
-        return state
+            self._log(self.ready.state, result)
+        if self._save_due() and self.stop_reason(self.ready.state) is None:
+            with clock.phase("time_checkpoint"), self.signals.deferred():
+                self._save()
 
     def _log_due(self, iteration: int) -> bool:
         """A log step every ``train.log_every`` iterations, and at the last iteration where it is known ahead."""
@@ -278,6 +323,13 @@ class Trainer:
         if self.fixed_batches:
             last = self.planned if last is None else min(self.planned, last)
         return iteration % cfg.train.log_every == 0 or iteration == last
+
+    def _save_due(self) -> bool:
+        """Every ``checkpoint.every`` iterations and every ``checkpoint.every_seconds`` of wall time."""
+        cfg = self.config.checkpoint
+        by_iterations = bool(cfg.every) and self.ready.state.iteration % cfg.every == 0
+        by_time = bool(cfg.every_seconds) and time.monotonic() - self.last_save >= cfg.every_seconds
+        return by_iterations or by_time
 
     def _log(self, state: RunState, result: dict[str, float]) -> None:
         """One record to every sink: the learner's metrics, the pending evaluation, counters and timings."""
@@ -296,34 +348,110 @@ class Trainer:
         self.sinks_set.write(record)
         self.record, self.pending_eval = record, {}
 
+    # -- saving and evaluating -------------------------------------------------------------------
+
+    def _save(self, final: bool = False) -> Checkpoint:
+        """A checkpoint of the last completed iteration (from its ready states; no learner needed); pruned."""
+        ready = self.ready
+        if ready.saved is not None:
+            return ready.saved
+        learner_state = ready.fetch(self.backend)
+        meta = {
+            **ready.state.meta(),
+            "identity": self.identity,
+            "canonical_env": self.canonical_env,
+            "model": to_dict(self.config.model),
+            "algo": self.config.algo.name,
+        }
+        phase = "final_save" if final else "save"
+        ready.saved = self.checkpoints.save(
+            ready.state.iteration, learner_state, meta, before_marker=lambda: self._fault(phase, ready.state.iteration)
+        )
+        self.checkpoints.prune(self.config.checkpoint.keep_last)
+        self.last_save = time.monotonic()
+        return ready.saved
+
+    def _final_save(self, failure: BaseException | None) -> None:
+        """Save the last completed iteration (signals wait meanwhile); after a failure, raise it as ``RunFailed``."""
+        state = self.ready.state
+        if state.iteration == 0:
+            if failure is not None:
+                raise RunFailed(f"{failure}\n(no iteration had completed: nothing was saved)") from failure
+            return
+        try:
+            with self.signals.deferred(stop_after=False):
+                checkpoint = self._save(final=True)
+        except Exception as error:
+            if failure is not None:
+                raise RunFailed(f"{failure}\nand saving iteration {state.iteration} failed too: {error}") from failure
+            raise
+        print(
+            f"raysim: saved iteration {state.iteration} ({state.env_steps:,} env steps): "
+            f"{self.storage.path(checkpoint.rel)}",
+            flush=True,
+        )
+        if failure is not None:
+            raise RunFailed(
+                f"{type(failure).__name__}: {failure}\nthe last completed iteration ({state.iteration}) "
+                f"is saved; after fixing the cause: raysim resume {self.run_dir}"
+            ) from failure
+
+    def _evaluate_saved(self, final: bool = False) -> EvalReport:
+        """Evaluate the last completed iteration's weights; its checkpoint is saved first and carries the score."""
+        cfg, backend, roles, ready = self.config, self.backend, self.roles, self.ready
+        with self.signals.deferred():
+            checkpoint = self._save(final=final)
+        self._fault("final_eval" if final else "eval", ready.state.iteration)
+        report = evaluate_on_shards(
+            backend,
+            lambda i: create_shard(backend, cfg, i, evaluation=True),
+            roles.eval_shards,
+            [cfg.eval.num_envs] * len(roles.eval_shards),
+            self.weights,
+            EvalSpec.of(cfg.eval, roles.max_episode_steps),
+        )
+        write_records(self.storage.local(f"eval/{ready.state.iteration}.parquet"), report.records)
+        self.checkpoints.record_score(checkpoint, report.mean_return)
+        self.ready.state = ready.state.scored(report.mean_return)
+        self.pending_eval = eval_metrics(report)
+        return report
+
     # -- beginning, resuming, restarting --------------------------------------------------------
 
-    def _begin(self) -> RunState:
+    def _begin(self) -> Ready:
         """A new run: freeze its configs (the task's resources exported into the run directory)."""
         write_snapshot(self.run_dir, self.config)
-        return RunState()
+        return Ready(RunState(), [], [])
 
-    def _restore(self) -> RunState:
+    def _restore(self) -> Ready:
         """Load the checkpoint into every learner rank and into the shards; the run state it describes."""
-        point, roles = self.resume, self.roles
-        roles.learner.load_state(point.state)
-        saved = point.state.get("shards") or []
-        if len(saved) == len(roles.shards):
-            calls = [s.call(EnvShard.set_state, state) for s, state in zip(roles.shards, saved, strict=True)]
-            modes = self.backend.get(calls)
-            how = "exactly" if all(m == "exact" for m in modes) else "; ".join(sorted(set(modes)))
-        else:
-            how = f"with fresh episodes ({len(saved)} shards saved, {len(roles.shards)} now)"
+        point = self.resume
+        if point.force:  # the run's own snapshot describes the env it now trains on
+            write_snapshot(self.run_dir, self.config)
         state = RunState.from_checkpoint(point.meta, point.state)
+        how = self._load_roles(point.state)
         print(
             f"raysim: resuming {self.run_dir} from {point.checkpoint} (iteration {state.iteration}, "
             f"{state.env_steps:,} env steps); shards continue {how}",
             flush=True,
         )
-        return state
+        self._drop_records_after(state.iteration)
+        checkpoint = next(c for c in self.checkpoints.list() if c.name == point.checkpoint.name)
+        return Ready(state, loaded=point.state, saved=checkpoint)
 
-    def _restart_learner(self, error: Exception) -> RunState:
-        """A new learner group, restored from the newest checkpoint (or fresh when there is none)."""
+    def _load_roles(self, state: dict[str, Any]) -> str:
+        """Every learner rank and every shard from a checkpoint's state; how the shards continue."""
+        roles = self.roles
+        roles.learner.load_state(state)
+        saved = state.get("shards") or []
+        if saved and len(saved) == len(roles.shards):
+            calls = [s.call(EnvShard.set_state, state) for s, state in zip(roles.shards, saved, strict=True)]
+            modes = self.backend.get(calls)
+            return "exactly" if all(m == "exact" for m in modes) else "; ".join(sorted(set(modes)))
+        return f"with fresh episodes ({len(saved or [])} shards saved, {len(roles.shards)} now)"
+
+    def _restart_learner(self, error: Exception) -> None:
+        """A new learner group from the last completed iteration's ready state, else the newest checkpoint."""
         cfg, roles = self.config, self.roles
         self.learner_restarts += 1
         if self.learner_restarts > cfg.learner.max_restarts:
@@ -333,43 +461,51 @@ class Trainer:
         for handle in roles.learner.handles:
             self.backend.kill(handle)
         roles.learner = create_learner(self.backend, cfg, roles.spaces, self.planned)
+        died = f"raysim: fault: the learner died ({type(error).__name__})"
+        if self.ready.state.iteration == 0:
+            print(f"{died} before the first iteration completed: started a new one", flush=True)
+        else:
+            source, state = self._surviving_state()
+            if state is None:
+                print(
+                    f"{died} and no state of it survived: restarted it from scratch; "
+                    f"{self.ready.state.iteration} iteration(s) are lost",
+                    flush=True,
+                )
+                self._rewind(Ready(RunState()))
+            else:
+                how = self._load_roles(state)
+                print(f"{died}; restarted it from {source}; shards continue {how}", flush=True)
+        self.weights = roles.learner.get_weights()
+
+    def _surviving_state(self) -> tuple[str, dict[str, Any] | None]:
+        """The last completed iteration's ready state, or (lost with its node) the newest intact checkpoint's."""
         try:
-            checkpoint, state, meta = load_latest(self.run_dir)
+            return f"the last completed iteration {self.ready.state.iteration}", self.ready.fetch(self.backend)
+        except Exception:  # noqa: BLE001 - the ready state was lost: fall back to storage
+            pass
+        try:
+            checkpoint, state, meta = self.checkpoints.newest_intact()
         except CheckpointError:
-            print(
-                f"raysim: fault: the learner died ({type(error).__name__}); no checkpoint yet: "
-                "restarted it from scratch",
-                flush=True,
-            )
-            return RunState()
-        roles.learner.load_state(state)
-        print(
-            f"raysim: fault: the learner died ({type(error).__name__}); restarted it from {checkpoint} "
-            f"(iteration {meta['iteration']})",
-            flush=True,
-        )
-        return RunState.from_checkpoint(meta, state)
+            return "", None
+        restored = RunState.from_checkpoint(meta, state)
+        self._rewind(Ready(restored, loaded=state, saved=checkpoint))
+        return f"checkpoint {self.storage.path(checkpoint.rel)} (iteration {restored.iteration})", state
 
-    # -- storage, evaluation, sinks ---------------------------------------------------------------
+    def _rewind(self, ready: Ready) -> None:
+        """Continue from an earlier iteration: the sinks and evaluation records drop what came after it."""
+        self.ready, state = ready, ready.state
+        if state.iteration < self.first.iteration:
+            self.first = state
+        self.sinks_set.rewind(state.iteration, state.env_steps)
+        self._drop_records_after(state.iteration)
 
-    def _save(self, state: RunState) -> None:
-        learner_state = self.roles.learner.state_dict()
-        learner_state["shards"] = self.backend.get([s.call(EnvShard.get_state) for s in self.roles.shards])
-        meta = {**state.meta(), "identity": self.identity, "canonical_env": self.canonical_env}
-        save_checkpoint(self.run_dir, state.iteration, learner_state, meta, keep_last=self.config.checkpoint.keep_last)
-
-    def _evaluate(self, iteration: int) -> EvalReport:
-        cfg, backend, roles = self.config, self.backend, self.roles
-        report = evaluate_on_shards(
-            backend,
-            lambda i: create_shard(backend, cfg, i, evaluation=True),
-            roles.eval_shards,
-            [cfg.eval.num_envs] * len(roles.eval_shards),
-            self.weights,
-            EvalSpec.of(cfg.eval, roles.max_episode_steps),
-        )
-        write_records(self.run_dir / "eval" / f"{iteration}.parquet", report.records)
-        return report
+    def _drop_records_after(self, iteration: int) -> None:
+        """Evaluation records of iterations after ``iteration`` (an abandoned future) are removed."""
+        for name in self.storage.list("eval"):
+            stem = name.removesuffix(".parquet")
+            if stem.isdigit() and int(stem) > iteration:
+                self.storage.remove(f"eval/{name}")
 
     def _sinks(self, state: RunState) -> SinkSet:
         if self.sinks is not None:
@@ -382,6 +518,18 @@ class Trainer:
             keep_until=state.iteration,
             env_steps=state.env_steps if self.resume else 0,
         )
+
+    def _fault(self, phase: str, iteration: int) -> None:
+        """Tests: ``RAYSIM_FAULT_AT=<phase>:<iteration>[:kill|term|int]`` kills or signals this process there."""
+        if not self.fault_at:
+            return
+        where, at, *action = self.fault_at.split(":")
+        if where == phase and int(at) == iteration:
+            how = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[
+                action[0] if action else "kill"
+            ]
+            os.kill(os.getpid(), how)
+            time.sleep(1)  # the handler (or the kill) takes it from here
 
 
 def eval_due(config: Config, iteration: int, steps_before: int, env_steps: int) -> bool:

@@ -27,6 +27,7 @@ class LearnerGroup:
         if ranks > 1 and backend.name == "local":
             raise ValueError("learner.ranks > 1 needs the Ray backend (each rank is its own process)")
         self.backend = backend
+        self.snapshots: list[Any] = []  # the last update's snapshot of every rank (futures / object refs)
         self.handles = [
             backend.create(Learner, rank=r, world_size=ranks, options=options, **learner) for r in range(ranks)
         ]
@@ -44,8 +45,12 @@ class LearnerGroup:
         Returns rank 0's counters (``env_steps`` summed over the ranks) and, with ``log``, the
         metrics since the last log step, already reduced across the ranks (see ``Learner.metrics``).
         """
-        calls = [h.call(Learner.update, *chunks[r :: self.ranks], log=log) for r, h in enumerate(self.handles)]
-        results = self.backend.get(calls)
+        calls = [
+            h.call_split(Learner.update_and_snapshot, *chunks[r :: self.ranks], log=log, returns=2)
+            for r, h in enumerate(self.handles)
+        ]
+        results = self.backend.get([result for result, _ in calls])
+        self.snapshots = [snapshot for _, snapshot in calls]
         return {**results[0], "env_steps": sum(r["env_steps"] for r in results)}
 
     def metrics(self) -> dict[str, float]:
@@ -61,9 +66,15 @@ class LearnerGroup:
         return self.handles[0].call(Learner.get_weights)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.backend.get(self.handles[0].call(Learner.state_dict))
+        """The learner's checkpoint state now: rank 0's ``state_dict`` and the other ranks' ``rank_state``."""
+        return combined([self.backend.get(h.call(Learner.snapshot)) for h in self.handles])
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Every rank restores ``state`` (moved to the cluster once); a failure on any rank is raised by all."""
         shared = self.backend.put(state)
         self.backend.get([h.call(Learner.load_state, shared) for h in self.handles])
+
+
+def combined(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """One checkpoint state from every rank's ``Learner.snapshot`` (rank 0 first)."""
+    return {**snapshots[0], "ranks": snapshots[1:]}

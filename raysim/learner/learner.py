@@ -109,9 +109,30 @@ class Learner:
             **self.algorithm.state_dict(),
         }
 
+    def rank_state(self) -> dict[str, Any]:
+        """What this rank holds alone (its sampling generator, the algorithm's per-rank state)."""
+        return {"generator": self.generator.get_state(), **self.algorithm.state_dict()}
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy on the CPU of what a checkpoint keeps of this rank: rank 0 its ``state_dict``, the others
+        their ``rank_state``. Taken right after each update, so the last completed iteration's state is
+        ready (in the object store) when a signal stops the run or the learner dies in a later phase."""
+        return cpu_copy(self.state_dict() if self.ranks.rank == 0 else self.rank_state())
+
+    def update_and_snapshot(self, *chunks: RolloutChunk, log: bool = True) -> tuple[dict[str, float], dict[str, Any]]:
+        """``update`` and then ``snapshot``: the coordinator receives both as separate objects."""
+        return self.update(*chunks, log=log), self.snapshot()
+
     def load_state(self, state: dict[str, Any]) -> int:
-        """Restore a ``state_dict`` result on every rank (errors agreed on); returns the policy version."""
+        """Restore a checkpoint's learner state on every rank (errors agreed on); returns the policy version.
+
+        ``state`` is rank 0's ``state_dict`` with ``ranks``: the other ranks' ``rank_state``; a rank the
+        checkpoint has no part for keeps its own generator (a run resumed with more ranks).
+        """
         error = None
+        rank, parts = self.ranks.rank, state.get("ranks") or []
+        if rank > 0:
+            state = {**state, **parts[rank - 1]} if len(parts) >= rank else {**state, **self.rank_state()}
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -190,6 +211,17 @@ class Learner:
         sums = dict(zip(names.sums, values[len(names.means) :], strict=False))
         result.update(episode_stats(sums, values[-2], values[-1]))
         return result
+
+
+def cpu_copy(value: Any) -> Any:
+    """``value`` with every tensor copied to the CPU (dicts, lists and tuples followed)."""
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(cpu_copy(v) for v in value)
+    return value
 
 
 def to_device(chunk: RolloutChunk, device: torch.device) -> RolloutChunk:

@@ -34,6 +34,7 @@ class RolloutChunk:
     policy_version: int
     shard: int = 0
     nonfinite: int = 0  # rows masked because the env returned a non-finite value
+    fresh: bool = False  # the rows started fresh episodes here (a new or replaced shard): running sums restart
 
     @property
     def num_steps(self) -> int:

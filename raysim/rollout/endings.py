@@ -97,6 +97,8 @@ class Acting(Protocol):
 
     def restart_rows(self, step: Step, rows: torch.Tensor) -> int: ...
 
+    def take_fresh(self) -> bool: ...
+
 
 class Ending:
     """The parts of the acting loop that depend on what the run is for (see the module docstring)."""
@@ -208,6 +210,7 @@ class ChunkBuffer:
             policy_version=self.shard.version,
             shard=self.shard.shard_index,
             nonfinite=self.nonfinite,
+            fresh=self.shard.take_fresh(),
         )
 
 

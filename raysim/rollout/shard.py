@@ -77,6 +77,7 @@ class EnvShard:
         self.steps_done = 0  # training env steps taken by this shard, across chunks
         self.resets = 0  # restarts of rows after a non-finite value (part of their reset seeds)
         self.group_rounds = 0  # GRPO rounds played (part of the group reset seeds)
+        self.fresh = True  # the rows start fresh episodes: the next chunk says so (``RolloutChunk.fresh``)
         self._acting: tuple | None = None  # (MLPInference of the actor, probs and noise buffers), per row count
 
     def spaces(self) -> tuple[dict, Any, int | None]:
@@ -85,14 +86,15 @@ class EnvShard:
 
     # -- what the coordinator calls ---------------------------------------------------------
 
-    def collect(self, weights: dict, plan: Collection) -> tuple[RolloutChunk, dict[str, int]]:
-        """``rollout``, plus a small receipt.
+    def collect(self, weights: dict, plan: Collection) -> tuple[RolloutChunk, dict[str, int], dict[str, Any]]:
+        """``rollout``, a small receipt, and the shard's state right after the chunk (``get_state``).
 
         The coordinator reads only the receipt: it learns that the shard is alive and the chunk
-        exists without pulling the chunk itself through the driver.
+        exists without pulling the chunk itself through the driver. The state stays in the object
+        store, ready for a checkpoint of this iteration.
         """
         chunk = self.rollout(weights, plan)
-        return chunk, {"shard": self.shard_index, "env_steps": chunk.env_steps}
+        return chunk, {"shard": self.shard_index, "env_steps": chunk.env_steps}, self.get_state()
 
     def rollout(self, weights: dict, plan: Collection | int) -> RolloutChunk:
         """Act with ``weights`` as ``plan`` says (an int: ``FixedSteps`` of that many steps); the chunk."""
@@ -132,11 +134,16 @@ class EnvShard:
         """Continue from a ``get_state`` result; returns how (exactly, or with fresh episodes)."""
         self.generator.set_state(state["generator"])
         self.steps_done, self.resets, self.group_rounds = state["steps_done"], state["resets"], state["group_rounds"]
-        if state["env"] is None or self.env.get_state() is None:
+        rows = next(iter(state["obs"].values())).shape[0]
+        if state["env"] is None or self.env.get_state() is None or rows != self.env.num_envs:
             self.obs = self.env.reset(derive_seed(self.seed, 6, self.steps_done))
+            self.fresh = True
+            if rows != self.env.num_envs:
+                return f"fresh episodes ({rows} rows saved per shard, {self.env.num_envs} now)"
             return "fresh episodes (this env cannot save its state)"
         self.env.set_state(state["env"])
         self.obs = {k: v.clone() for k, v in state["obs"].items()}
+        self.fresh = False
         return "exact"
 
     def set_weights(self, weights: dict) -> None:
@@ -197,6 +204,11 @@ class EnvShard:
         sample_categorical(probs, self.generator, noise=noise, out=action)
         torch.gather(log_probs, 1, action.unsqueeze(1), out=logp.unsqueeze(1))
         return action
+
+    def take_fresh(self) -> bool:
+        """Whether this chunk starts fresh episodes (only the first chunk after a reset does)."""
+        fresh, self.fresh = self.fresh, False
+        return fresh
 
     def restart_rows(self, step: Step, rows: torch.Tensor) -> int:
         """Start new training episodes in ``rows`` (a bool mask) after a non-finite value; returns their count."""
