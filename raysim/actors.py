@@ -27,6 +27,10 @@ def method_name(method: Callable) -> str:
     return method.__name__
 
 
+class InputLost(RuntimeError):
+    """A role could not read an input of its call: the object's owner (e.g. the learner with its weights) died."""
+
+
 class Handle:
     """A role instance: ``call(Class.method, *args)`` returns a future (Ray) or the result (local)."""
 

@@ -220,7 +220,8 @@ def report(summary) -> int:
     if evaluation is not None:
         r = evaluation.returns
         mean = "n/a" if r["mean"] is None else f"{r['mean']:.1f} +- {r['std']:.1f}"
-        print(f"evaluation: {evaluation.completed}/{evaluation.requested} episodes completed, return {mean}")
+        left_out = f" ({evaluation.excluded} left out: non-finite values)" if evaluation.excluded else ""
+        print(f"evaluation: {evaluation.completed}/{evaluation.requested} episodes completed{left_out}, return {mean}")
         rate = evaluation.success_rate
         if rate is not None and rate.value is not None:
             lo, hi = rate.interval

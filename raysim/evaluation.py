@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 
-from raysim.actors import Backend, Handle
+from raysim.actors import Backend, Handle, InputLost
 from raysim.config import EvalConfig
 from raysim.rollout import EnvShard, EvalEpisodes
 from raysim.storage import write_parquet
@@ -71,14 +71,22 @@ class EvalReport:
     returns: dict[str, float | None]  # mean, std, min, max over completed episodes
     lengths: dict[str, float | None]
     records: list[dict] = field(default_factory=list, repr=False)
+    excluded: int = 0  # counted episodes left out: the env gave a non-finite value (``env.on_nonfinite: mask``)
 
     @property
     def mean_return(self) -> float | None:
         return self.returns["mean"]
 
 
-def summarize(records: list[dict], requested: int, confidence: float = 0.95) -> EvalReport:
-    """An ``EvalReport`` from the counted episode records."""
+def summarize(records: list[dict], requested: int, confidence: float = 0.95, excluded: int = 0) -> EvalReport:
+    """An ``EvalReport`` from the counted episode records; ``excluded``: episodes already left out.
+
+    A record whose return is not finite is left out too (and counted in ``excluded``): the statistics
+    are over finite returns only.
+    """
+    finite = [r for r in records if math.isfinite(float(r["return"]))]
+    excluded += len(records) - len(finite)
+    records = finite
     completed = len(records)
     has_success = completed > 0 and all("success" in r for r in records)
     successes = sum(bool(r["success"]) for r in records) if has_success else None
@@ -93,6 +101,7 @@ def summarize(records: list[dict], requested: int, confidence: float = 0.95) -> 
         returns=_stats([float(r["return"]) for r in records]),
         lengths=_stats([float(r["length"]) for r in records]),
         records=records,
+        excluded=excluded,
     )
 
 
@@ -151,14 +160,18 @@ def evaluate_on_shards(
 
     pending = {i: call(i) for i in range(len(shards))}
     results: list[tuple[dict, dict]] = []
-    restarts = 0
+    restarts, excluded = 0, 0
     while pending:
         i, future = pending.popitem()
         try:
-            results += backend.get(future)
+            counted, left_out = backend.get(future)
+            results += counted
+            excluded += left_out
         except Exception as error:
             if not backend.is_actor_failure(error) or restarts >= max_restarts:
                 raise
+            if backend.alive(shards[i], EnvShard.spaces):  # the shard is fine: its input, the weights, is lost
+                raise InputLost(f"evaluation shard {i} could not read the policy's weights: {error}") from error
             restarts += 1
             print(
                 f"evaluation shard {i} died ({type(error).__name__}); replacing it and replaying its rows", flush=True
@@ -175,7 +188,7 @@ def evaluate_on_shards(
             on_scored_episode(dict(record))
         if on_episode is not None:
             on_episode(report)
-    return summarize([record for record, _ in results], spec.episodes, spec.confidence)
+    return summarize([record for record, _ in results], spec.episodes, spec.confidence, excluded)
 
 
 def write_records(path: str | Path, records: list[dict]) -> None:
@@ -217,4 +230,8 @@ def format_report(report: EvalReport) -> str:
         f"return                 {stats(report.returns)}",
         f"length                 {stats(report.lengths)}",
     ]
+    if report.excluded:
+        lines.append(
+            f"excluded               {report.excluded} episode(s) with non-finite values (env.on_nonfinite: mask)"
+        )
     return "\n".join(lines)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import uuid
 
 import pytest
 import torch
@@ -218,22 +216,6 @@ def test_the_rename_and_the_checkpoint_directory_are_fsynced(tmp_path, monkeypat
     path = save_checkpoint(tmp_path, 1, state(1.0), {})
     staged = [s for s in synced if os.path.basename(s).startswith(f"{Staging.PREFIX}1-")]
     assert staged and synced.index(staged[0]) < synced.index(str(path.parent))  # the files, then the rename
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs (root only); skipped where mounting is not permitted."""
-    mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_a_full_disk_fails_the_save_with_the_previous_checkpoint_intact(small_disk):

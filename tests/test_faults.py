@@ -10,6 +10,7 @@ from raysim.checkpoint import Checkpoints
 from raysim.coordinator import Trainer
 from raysim.metrics import ParquetSink
 from raysim.storage import RunStorage
+from tests.support.crashing import lost_object
 
 SMALL = [
     "backend=ray",
@@ -66,16 +67,12 @@ class KillLearnerAt:
             import ray
 
             ray.kill(self.trainer.roles.learner.handles[0].actor)
-            if self.lose_ready:
-                self.trainer.ready.learner = [ray.remote(lost_object).remote()]
+            if self.lose_ready:  # the snapshot this iteration will leave ready cannot be read
+                self.trainer.roles.learner.snapshots = [ray.remote(lost_object).remote()]
             self.done = True
 
     def close(self) -> None:
         pass
-
-
-def lost_object():
-    raise RuntimeError("the object was lost with its node")
 
 
 def run_with_fault(tmp_path, name: str, lose_ready: bool, *overrides: str) -> tuple[KillLearnerAt, object]:

@@ -7,6 +7,7 @@ import torch
 
 import raysim
 from raysim.algos.ppo import PPOConfig
+from raysim.algos.reward_scale import RewardScale
 from raysim.checkpoint import load_latest
 from raysim.learner import Learner
 from raysim.models.networks import ModelConfig
@@ -95,3 +96,22 @@ def test_a_run_with_reward_scaling_resumes_exactly(tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert torch.equal(a["reward_scale"]["norm"]["var"], b["reward_scale"]["norm"]["var"])
     assert int(a["reward_scale"]["norm"]["count"]) == 8 * 4 * 32
+
+
+def test_a_fresh_chunk_restarts_its_shards_return_accumulators():
+    """A replaced shard (or one resumed with fresh episodes) starts new episodes: no inherited return sums."""
+    shard = EnvShard("raysim/CartPole", 4, seed=0)
+    weights = {"version": 0, "actor": shard.actor.state_dict()}
+    first, second = shard.rollout(weights, 16), shard.rollout(weights, 16)
+    assert first.fresh and not second.fresh
+    scale = RewardScale(gamma=0.9)
+    scale.batch_moments(first)
+    carried = scale.returns[0].clone()
+    assert bool((carried != 0).any())
+    replacement = EnvShard("raysim/CartPole", 4, seed=1)  # the same shard index, fresh episodes
+    chunk = replacement.rollout(weights, 16)
+    assert chunk.fresh and chunk.shard == 0
+    scale.batch_moments(chunk)
+    expected = RewardScale(gamma=0.9)
+    expected.batch_moments(chunk)
+    assert torch.equal(scale.returns[0], expected.returns[0])  # as if no earlier shard had been there

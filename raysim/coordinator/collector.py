@@ -9,14 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from raysim.actors import Backend, Handle
+from raysim.actors import Backend, Handle, InputLost
 from raysim.config import Config
 from raysim.coordinator.roles import create_shard, shard_request
 from raysim.rollout import Collection, EnvShard
-
-
-class LearnerLost(RuntimeError):
-    """The learner's weights could not be read: its process died."""
 
 
 class Collector:
@@ -50,7 +46,7 @@ class Collector:
                         raise
                     try:
                         replaced = self._replace(i, error)
-                    except LearnerLost:  # every shard's chunk of this iteration is lost with the weights
+                    except InputLost:  # every shard's chunk of this iteration is lost with the weights
                         self.backend.discard([f for triple in futures for f in triple])
                         raise
                     if not replaced:
@@ -83,7 +79,7 @@ class Collector:
         """Shard ``i`` died: replace it (True), or drop it when elastic and there is no room (False)."""
         config = self.config
         if self.backend.alive(self.shards[i], EnvShard.spaces):  # the shard is fine: its input, the weights, is lost
-            raise LearnerLost(f"shard {i} could not read the learner's weights: {error}") from error
+            raise InputLost(f"shard {i} could not read the learner's weights: {error}") from error
         if (
             config.shards.max
             and len(self.shards) > config.shards.count

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raysim.actors import Backend
+from raysim.actors import Backend, InputLost
 from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
-from raysim.coordinator.collector import Collector, LearnerLost
+from raysim.coordinator.collector import Collector
 from raysim.coordinator.phases import PhaseClock
 from raysim.coordinator.roles import create_learner, create_roles, create_shard, start_backend
 from raysim.coordinator.run_state import RunState
@@ -199,11 +199,19 @@ class Trainer:
         finally:
             if self.sinks_set is not None:  # also when training failed: the console line ends, files are closed
                 self.sinks_set.close()
+            self._release_roles()
             lock.release()
             if started_ray:
                 import ray
 
                 ray.shutdown()
+
+    def _release_roles(self) -> None:
+        """The run's actors end with it (their CPUs go back to the cluster at once)."""
+        roles = getattr(self, "roles", None)
+        if roles is not None:
+            for handle in [*roles.shards, *roles.eval_shards, *roles.learner.handles]:
+                self.backend.kill(handle)
 
     def _prepare(self) -> None:
         """Roles, the run state to start from (a new run's snapshot, or a checkpoint's), the sinks."""
@@ -229,18 +237,23 @@ class Trainer:
         except Exception as error:  # noqa: BLE001 - saved first, then raised as RunFailed
             reason, failure = "failed", error
         wall = self.clock.training_seconds()
-        self._final_save(failure)
+        try:
+            self._final_save(failure)
+        except StopRequested as stop:  # it arrived during the final save, which finished first
+            reason = stop.name
         report = self.solved
         if reason in FINISHED and report is None and self.config.eval.episodes > 0:
             try:
-                report = self._evaluate_saved(final=True)
-            except StopRequested as stop:
-                reason = stop.name
-                print(f"\nraysim: {stop.name} during the final evaluation: it was not finished", flush=True)
+                report = self._final_evaluation()
+            except (StopRequested, KeyboardInterrupt) as stop:
+                reason = stop.name if isinstance(stop, StopRequested) else "SIGINT"
+                print(f"\nraysim: {reason} during the final evaluation: it was not finished", flush=True)
         self.sinks_set.close()
         state = self.ready.state
         if reason not in FINISHED:
             print(f"raysim: continue with `raysim resume {self.run_dir}`", flush=True)
+        stopped = reason not in FINISHED
+        steps = state.env_steps - self.first.env_steps
         return Summary(
             state.env_steps,
             state.iteration,
@@ -249,22 +262,25 @@ class Trainer:
             str(self.run_dir),
             self.record,
             report,
-            reason not in FINISHED,
-            state.env_steps - self.first.env_steps,
+            stopped,
+            steps,
             reason,
         )
 
     def stop_reason(self, state: RunState) -> str | None:
         """Why the run stops after ``state`` (None: it goes on): the evaluation target ``eval.stop_return``,
         the step budget, ``train.stop_after``."""
-        cfg = self.config
         if self.solved is not None:
             return "solved"
         if self.budget_reached(state):
             return "budget"
-        if cfg.train.stop_after is not None and state.iteration >= self.first.iteration + cfg.train.stop_after:
+        if self._stop_after_reached(state):
             return "stop_after"
         return None
+
+    def _stop_after_reached(self, state: RunState) -> bool:
+        stop_after = self.config.train.stop_after
+        return stop_after is not None and state.iteration >= self.first.iteration + stop_after
 
     def budget_reached(self, state: RunState) -> bool:
         """``train.total_steps``: the planned iterations of fixed batches, else the env steps collected."""
@@ -279,12 +295,16 @@ class Trainer:
         try:
             self._iterate()
         except Exception as error:
-            if not (isinstance(error, LearnerLost) or not self.roles.learner.alive()):
+            if not (isinstance(error, InputLost) or not self.roles.learner.alive()):
                 raise
             self._restart_learner(error)
 
     def _iterate(self) -> None:
-        """Collect, update, maybe evaluate, log, maybe save: one completed iteration (``self.ready``)."""
+        """Collect, update, maybe evaluate, log; then the iteration is complete (``self.ready``); maybe save.
+
+        A stop or a failure before the end abandons the iteration whole: the last completed one stays
+        what a checkpoint describes, with its metrics rows.
+        """
         cfg, roles, clock = self.config, self.roles, self.clock
         before = self.ready.state
         iteration = before.iteration + 1
@@ -300,21 +320,25 @@ class Trainer:
         self._fault("update", iteration)
         clock.iterations += 1
         state = before.advanced(int(result["env_steps"]), int(result["policy_version"]))
-        self.ready = Ready(state, roles.learner.snapshots, self.collector.states)
+        report = None
         if eval_due(cfg, state.iteration, before.env_steps, state.env_steps) and not self.budget_reached(state):
             with clock.phase("time_eval"):  # the final evaluation comes after the final save
-                report = self._evaluate_saved()
+                report = self._evaluate(state.iteration)
+            state = state.scored(report.mean_return)
             target = cfg.eval.stop_return
             if target is not None and report.mean_return is not None and report.mean_return >= target:
                 self.solved = report
-        if not log and self.stop_reason(self.ready.state) is not None:  # the last iteration always logs
-            log = True
+        if not log and (self.solved is not None or self.budget_reached(state) or self._stop_after_reached(state)):
+            log = True  # the last iteration always logs
             result.update(roles.learner.metrics())
         if log:
-            self._log(self.ready.state, result)
-        if self._save_due() and self.stop_reason(self.ready.state) is None:
-            with clock.phase("time_checkpoint"), self.signals.deferred():
-                self._save()
+            self._log(state, result)
+        self.ready = Ready(state, roles.learner.snapshots, self.collector.states)  # iteration complete
+        if report is not None or (self._save_due() and self.stop_reason(state) is None):
+            with clock.phase("time_checkpoint"), self.signals.deferred():  # an evaluated iteration is saved
+                checkpoint = self._save()
+                if report is not None:
+                    self.checkpoints.record_score(checkpoint, report.mean_return)
 
     def _log_due(self, iteration: int) -> bool:
         """A log step every ``train.log_every`` iterations, and at the last iteration where it is known ahead."""
@@ -372,19 +396,33 @@ class Trainer:
         return ready.saved
 
     def _final_save(self, failure: BaseException | None) -> None:
-        """Save the last completed iteration (signals wait meanwhile); after a failure, raise it as ``RunFailed``."""
+        """Save the last completed iteration (a signal meanwhile waits for it); after a failure, raise it as
+        ``RunFailed``, saying how to resume."""
         state = self.ready.state
         if state.iteration == 0:
             if failure is not None:
-                raise RunFailed(f"{failure}\n(no iteration had completed: nothing was saved)") from failure
+                raise RunFailed(
+                    f"{type(failure).__name__}: {failure}\n(no iteration had completed: nothing was saved)"
+                ) from failure
             return
+        stop = None
         try:
-            with self.signals.deferred(stop_after=False):
+            with self.signals.deferred():
                 checkpoint = self._save(final=True)
+        except StopRequested as caught:
+            stop = caught
         except Exception as error:
-            if failure is not None:
-                raise RunFailed(f"{failure}\nand saving iteration {state.iteration} failed too: {error}") from failure
-            raise
+            try:
+                where = (
+                    f"the newest intact checkpoint is {self.storage.path(self.checkpoints.newest_intact(False)[0].rel)}"
+                )
+            except CheckpointError:
+                where = "there is no intact checkpoint"
+            cause = f"{type(failure).__name__}: {failure}\nand saving" if failure is not None else "saving"
+            raise RunFailed(
+                f"{cause} iteration {state.iteration} failed: {type(error).__name__}: {error}\n"
+                f"{where}; after fixing the cause: raysim resume {self.run_dir}"
+            ) from error
         print(
             f"raysim: saved iteration {state.iteration} ({state.env_steps:,} env steps): "
             f"{self.storage.path(checkpoint.rel)}",
@@ -395,13 +433,13 @@ class Trainer:
                 f"{type(failure).__name__}: {failure}\nthe last completed iteration ({state.iteration}) "
                 f"is saved; after fixing the cause: raysim resume {self.run_dir}"
             ) from failure
+        if stop is not None:
+            raise stop
 
-    def _evaluate_saved(self, final: bool = False) -> EvalReport:
-        """Evaluate the last completed iteration's weights; its checkpoint is saved first and carries the score."""
-        cfg, backend, roles, ready = self.config, self.backend, self.roles, self.ready
-        with self.signals.deferred():
-            checkpoint = self._save(final=final)
-        self._fault("final_eval" if final else "eval", ready.state.iteration)
+    def _evaluate(self, iteration: int) -> EvalReport:
+        """Evaluate the current weights (those of ``iteration``); the records go to ``eval/<iteration>.parquet``."""
+        cfg, backend, roles = self.config, self.backend, self.roles
+        self._fault("eval", iteration)
         report = evaluate_on_shards(
             backend,
             lambda i: create_shard(backend, cfg, i, evaluation=True),
@@ -410,10 +448,24 @@ class Trainer:
             self.weights,
             EvalSpec.of(cfg.eval, roles.max_episode_steps),
         )
-        write_records(self.storage.local(f"eval/{ready.state.iteration}.parquet"), report.records)
-        self.checkpoints.record_score(checkpoint, report.mean_return)
-        self.ready.state = ready.state.scored(report.mean_return)
+        write_records(self.storage.local(f"eval/{iteration}.parquet"), report.records)
         self.pending_eval = eval_metrics(report)
+        return report
+
+    def _final_evaluation(self) -> EvalReport:
+        """The final evaluation of the saved last iteration; its checkpoint carries the score.
+
+        A learner that died since (its weights lost with it) is restarted from that checkpoint first.
+        """
+        iteration = self.ready.state.iteration
+        self._fault("final_eval", iteration)
+        try:
+            report = self._evaluate(iteration)
+        except InputLost as error:
+            self._restart_learner(error)
+            report = self._evaluate(iteration)
+        self.checkpoints.record_score(self.ready.saved, report.mean_return)
+        self.ready.state = self.ready.state.scored(report.mean_return)
         return report
 
     # -- beginning, resuming, restarting --------------------------------------------------------
@@ -520,16 +572,20 @@ class Trainer:
         )
 
     def _fault(self, phase: str, iteration: int) -> None:
-        """Tests: ``RAYSIM_FAULT_AT=<phase>:<iteration>[:kill|term|int]`` kills or signals this process there."""
+        """Tests: ``RAYSIM_FAULT_AT=<phase>:<iteration>[:kill|term|int|learner]`` kills this process, signals
+        it, or kills the learner there (phases: collect, update, eval, save, final_save, final_eval)."""
         if not self.fault_at:
             return
         where, at, *action = self.fault_at.split(":")
-        if where == phase and int(at) == iteration:
-            how = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[
-                action[0] if action else "kill"
-            ]
-            os.kill(os.getpid(), how)
-            time.sleep(1)  # the handler (or the kill) takes it from here
+        if where != phase or int(at) != iteration:
+            return
+        self.fault_at = ""  # once
+        how = action[0] if action else "kill"
+        if how == "learner":
+            for handle in self.roles.learner.handles:
+                self.backend.kill(handle)
+            return
+        os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[how])
 
 
 def eval_due(config: Config, iteration: int, steps_before: int, env_steps: int) -> bool:

@@ -79,6 +79,22 @@ def stop_processes(marker: str) -> None:
         time.sleep(1)
 
 
+class Placement:
+    """A sink that records the node of every shard at each log step (the run's actors end with the run)."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, self.nodes = trainer, []
+
+    def write(self, record: dict) -> None:
+        self.nodes = [
+            ray.get(s.actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+            for s in self.trainer.roles.shards
+        ]
+
+    def close(self) -> None:
+        pass
+
+
 def main(run_dir: str) -> None:
     port, temp_dir = free_port(), tempfile.mkdtemp(prefix="rsa", dir="/tmp")
     config_file = Path(temp_dir) / "autoscaling.json"
@@ -130,16 +146,15 @@ def main(run_dir: str) -> None:
             ],
         )
         trainer = Trainer(config)
+        placement = Placement(trainer)
+        trainer.sinks = [placement]
         summary = trainer.train()
-        nodes = [
-            ray.get(s.actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
-            for s in trainer.roles.shards
-        ]
+        nodes = placement.nodes
         shard_nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("shard")]
         print(
             json.dumps(
                 {
-                    "shards": len(trainer.roles.shards),
+                    "shards": len(nodes),
                     "shard_placement": nodes,
                     "shard_nodes": len(shard_nodes),
                     "env_steps": summary.env_steps,

@@ -23,3 +23,26 @@ class CrashOnce(CartPole):
             Path(self.marker).write_text("crashed once")
             os._exit(1)
         return super().step(actions)
+
+
+def lost_object():
+    """A task whose result cannot be read, as an object lost with its node."""
+    raise RuntimeError("the object was lost with its node")
+
+
+class NaNRewards(CartPole):
+    """CartPole whose reward is NaN in one row every ``every`` steps: a simulator that fails now and then."""
+
+    env_id = "tests.support.crashing:NaNRewards"
+
+    def __init__(self, num_envs: int, seed: int | None = None, every: int = 50, **kwargs):
+        super().__init__(num_envs, seed, **kwargs)
+        self.every, self.steps = every, 0
+
+    def _advance(self, actions):
+        reward, terminated = super()._advance(actions)
+        self.steps += 1
+        if self.steps % self.every == 0:
+            reward = reward.clone()
+            reward[(self.steps // self.every) % self.num_envs] = float("nan")
+        return reward, terminated

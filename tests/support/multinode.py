@@ -32,10 +32,12 @@ class Events:
         self.trainer, self.cluster, self.mode, self.workers = trainer, cluster, mode, workers
         self.steps: list[int] = []
         self.placement: list[str] = []
+        self.final_placement: list[str] = []  # at the last log step (the run's actors end with it)
         self.removed = ""
 
     def write(self, record: dict) -> None:
         self.steps.append(int(record["env_steps"]))
+        self.final_placement = [node_of(s) for s in self.trainer.roles.shards]
         if record["iteration"] != 3:
             return
         shards = self.trainer.roles.shards
@@ -78,7 +80,7 @@ def main(mode: str, run_dir: str) -> None:
     events = Events(trainer, cluster, mode, workers)
     trainer.sinks = [events]
     summary = trainer.train()
-    final = [node_of(s) for s in trainer.roles.shards]
+    final = events.final_placement
     print(
         json.dumps(
             {
