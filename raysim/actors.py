@@ -13,6 +13,7 @@ an ``AttributeError`` at import, and a type checker sees the arguments)::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -29,6 +30,20 @@ def method_name(method: Callable) -> str:
 
 class InputLost(RuntimeError):
     """A role could not read an input of its call: the object's owner (e.g. the learner with its weights) died."""
+
+
+def cause(error: BaseException) -> BaseException:
+    """The error a role raised, also when it reaches the driver wrapped by Ray (whose text carries the
+    remote traceback)."""
+    inner = getattr(error, "cause", None)
+    return inner if isinstance(inner, BaseException) else error
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` of the error a role raised, its first lines only, no traceback."""
+    error = cause(error)
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class Handle:
@@ -76,6 +91,11 @@ class Backend:
     def is_actor_failure(self, error: BaseException) -> bool:
         """True when ``error`` says the role's process died (the role can be replaced)."""
         return False
+
+    def wait_started(self, handles: list[Handle], probe: Callable[[Any], Any], what: str, timeout: float) -> list[Any]:
+        """The answers of every role to ``probe``, once all started; a line every few seconds while some are
+        still waiting for room on the cluster (``TimeoutError`` after ``timeout`` seconds)."""
+        return self.get([h.call(probe) for h in handles])
 
     def room_for(self, request: dict[str, float]) -> int:
         """How many more actors asking for ``request`` fit in the resources free right now."""
@@ -141,6 +161,24 @@ class RayBackend(Backend):
 
     def kill(self, handle: Handle) -> None:
         self.ray.kill(handle.actor)
+
+    def wait_started(self, handles: list[Handle], probe: Callable[[Any], Any], what: str, timeout: float) -> list[Any]:
+        futures = [h.call(probe) for h in handles]
+        deadline = time.monotonic() + timeout
+        while True:
+            done, pending = self.ray.wait(futures, num_returns=len(futures), timeout=5.0)
+            if not pending:
+                return self.get(futures)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{len(pending)} of {len(futures)} {what} did not start in {timeout:g} s "
+                    "(resources_timeout): the cluster has no room for them"
+                )
+            print(
+                f"raysim: waiting for {len(pending)} of {len(futures)} {what} to start "
+                f"(the cluster has {self.ray.available_resources().get('CPU', 0):g} CPU free)",
+                flush=True,
+            )
 
     def discard(self, futures: list[Any]) -> None:
         done, _ = self.ray.wait(list(futures), num_returns=len(futures), timeout=0)

@@ -1,121 +1,106 @@
-"""``raysim``: train, evaluate and benchmark from the command line."""
+"""``raysim``: train, resume, evaluate, export, plot and benchmark from the command line.
+
+Exit codes: 0 done (``train.stop_after`` too); 1 a run that failed (its last completed iteration saved
+first) or a bug in raysim; 2 a mistake in the command line, a config or a path, or a cluster that
+cannot run it (said in one or two lines, before anything is written); 130 / 143 after SIGINT / SIGTERM.
+A traceback is printed only with ``--debug`` (or ``RAYSIM_DEBUG=1``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 from raysim.checkpoint import CheckpointError
 from raysim.config import ConfigError, load_config
+from raysim.coordinator.cluster import ResourceError
 from raysim.coordinator.trainer import RunFailed
 from raysim.storage import RunLockedError
 
 TRAIN_HELP = """Train PPO / GRPO on batched envs with Ray.
 
 With no CONFIG, trains the packaged configs/cartpole_ppo.yaml on an embedded local Ray.
-CONFIG is a YAML file or the name of a packaged config (e.g. cartpole_ppo).
+CONFIG is a YAML file or the name of a packaged config (e.g. cartpole_ppo); every key, its range and
+its default: `raysim config`.
 Examples:
   raysim train
   raysim train configs/cartpole_ppo.yaml --set algo.lr=1e-3 --set shards.count=2
-  RAY_ADDRESS=auto raysim train configs/cartpole_ppo.yaml     # attach to a running cluster
+  raysim train --address 10.0.0.5:6379          # attach to a running cluster (or RAY_ADDRESS)
 """
 
 
+class UsageError(Exception):
+    """A mistake in the command line (argparse's errors, raised instead of printed with the usage)."""
+
+
+class OutputPathError(Exception):
+    """An output path that cannot be written: the flag, the path and why."""
+
+
+USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, RunLockedError, ResourceError, OutputPathError)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``raysim`` command; returns its exit code."""
+    debug = os.environ.get("RAYSIM_DEBUG", "") not in ("", "0")
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as error:
+        print(f"raysim: error: {error}", file=sys.stderr)
+        return 2
+    debug = debug or args.debug
+    try:
+        return args.run(args)
+    except USER_ERRORS as error:
+        print(f"raysim: error: {error}", file=sys.stderr)
+        return 2
+    except RunFailed as error:
+        if debug:
+            raise
+        print(f"raysim: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # before the run's own handlers were installed (e.g. while Ray starts)
+        print("\nraysim: interrupted before training started: nothing to save", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if debug:
+            raise
+        first = (str(error).strip().splitlines() or [""])[0]
+        print(
+            f"raysim: internal error: {type(error).__name__}: {first}\nthis is a bug in raysim: run again with "
+            "--debug (or RAYSIM_DEBUG=1) for the traceback, and report it",
+            file=sys.stderr,
+        )
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raysim", description="Ray-based rollout collection and PPO/GRPO training.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (add_train, add_resume, add_eval, add_plot, add_export, add_bench):
-        add(commands)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser = Parser(prog="raysim", description="Ray-based rollout collection and PPO/GRPO training.", parents=[common])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for add in (add_train, add_resume, add_eval, add_plot, add_export, add_bench, add_config):
+        add(commands, common)
     return parser
 
 
-def add_train(commands) -> None:
-    train = commands.add_parser(
-        "train", help="train a policy", description=TRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    train.add_argument("config", nargs="?", help="YAML config file or packaged config name (default: cartpole_ppo)")
-    train.add_argument("--run-dir", help="where to write the run (default: runs/<name>)")
-    add_run_options(train)
-
-
-def add_resume(commands) -> None:
-    resume = commands.add_parser(
-        "resume",
-        help="continue a run from its newest intact checkpoint",
-        description="Continue RUN_DIR (also after it was moved or copied) from its newest intact checkpoint, "
-        "with the run's own config snapshot, or with --config: the original declaration, a whole run "
-        "config, or an env config such as RUN_DIR/configs/gym.yaml. An env that differs from the "
-        "checkpoint's is refused, listing every differing key.",
-    )
-    resume.add_argument("run_dir", metavar="RUN_DIR")
-    resume.add_argument("--config", help="config to resume with (default: RUN_DIR/configs/train.yaml)")
-    resume.add_argument("--force", action="store_true", help="resume even though the env differs (loud warning)")
-    resume.add_argument(
-        "--break-lock", action="store_true", help="take the run over from the process that holds its lock"
-    )
-    add_run_options(resume)
-
-
-def add_eval(commands) -> None:
-    evaluate = commands.add_parser(
-        "eval",
-        help="evaluate a trained policy",
-        description="Evaluate a run's newest checkpoint (or a checkpoint directory) over balanced, seeded episodes "
-        "and print the completion and success rates with Wilson intervals.",
-    )
-    evaluate.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
-    evaluate.add_argument("--episodes", type=int, default=100, help="episodes requested (default 100)")
-    evaluate.add_argument("--seed", type=int, help="evaluation seed (default: the run's eval.seed)")
-    evaluate.add_argument("--shards", type=int, help="evaluation shards (the result does not depend on it)")
-    evaluate.add_argument("--envs-per-shard", type=int, help="rows per evaluation shard")
-    evaluate.add_argument("--out", help="write one record per counted episode to this Parquet file")
-    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of argmax / mean")
-    evaluate.add_argument(
-        "--no-quotas", action="store_true", help="count the first episodes to finish (biased; for comparison)"
-    )
-    evaluate.add_argument("--local", action="store_true", help="run in this process, without Ray")
-    evaluate.add_argument("--address", help="Ray cluster to attach to")
-
-
-def add_plot(commands) -> None:
-    plot = commands.add_parser(
-        "plot",
-        help="plot a run's learning curves",
-        description="Draw RUN_DIR's learning curve (episode return vs env steps), its losses, the evaluation "
-        "success rate with its Wilson band (when evaluations with a success exist; else the time "
-        "per iteration by phase) into one PNG.",
-    )
-    plot.add_argument("run_dir", metavar="RUN_DIR")
-    plot.add_argument("--out", metavar="FILE.png", help="where to write the PNG (default: RUN_DIR/plots.png)")
-
-
-def add_export(commands) -> None:
-    export = commands.add_parser(
-        "export",
-        help="export a trained policy (TorchScript / ONNX)",
-        description="Write the deterministic policy of a run's newest checkpoint (or a checkpoint directory) as a "
-        "standalone file: a policy observation batch [B, obs_dim] (float32) -> the action batch "
-        "(discrete: int64 argmax; continuous: the mean clipped or squashed into the action space), "
-        "observation normalization baked in. Loading it needs torch or an ONNX runtime, not raysim.",
-    )
-    export.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
-    export.add_argument(
-        "--format",
-        choices=["torchscript", "onnx"],
-        default="torchscript",
-        help="torchscript (torch.jit.load) or onnx (needs: pip install 'raysim[export]')",
-    )
-    export.add_argument("--out", required=True, metavar="FILE", help="where to write the policy (.pt / .onnx)")
-
-
-def add_bench(commands) -> None:
-    bench = commands.add_parser("bench", help="benchmarks", description="Run a benchmark (see README).")
-    bench.add_argument(
-        "name",
-        choices=["collect", "solve"],
-        help="collect: rollout collection latency against peers; solve: PPO time to solve CartPole",
-    )
-    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
+def positive(text: str) -> int:
+    """An integer >= 1 (for counts on the command line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -129,60 +114,128 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="override a config value, e.g. --set algo.lr=1e-3 (repeatable)",
     )
     parser.add_argument(
-        "--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded local Ray)"
+        "--address",
+        help="Ray cluster to attach to, host:port (default: $RAY_ADDRESS, else a "
+        "cluster running on this machine, else an embedded Ray); 'local': an embedded Ray",
     )
     parser.add_argument("--local", action="store_true", help="run every role in this process, without Ray")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "train":
-            return train(args)
-        if args.command == "resume":
-            return resume(args)
-        if args.command == "eval":
-            return evaluate(args)
-        if args.command == "plot":
-            from raysim.plot import plot_run
-
-            print(f"plot: {plot_run(args.run_dir, args.out)}")
-            return 0
-        if args.command == "export":
-            from raysim.export import ExportError, export_policy
-
-            try:
-                info = export_policy(args.path, args.out, args.format)
-            except ExportError as error:
-                print(f"raysim: error: {error}", file=sys.stderr)
-                return 2
-            print(
-                f"export: {info['out']} ({info['format']}, {info['env_id']}, checkpoint {info['checkpoint']}, "
-                f"obs {info['observation_shape']} -> {info['action_space']}"
-                f"{', normalization baked in' if info['normalized'] else ''})"
-            )
-            return 0
-        if args.command == "bench":
-            if args.name == "solve":
-                from raysim.bench.solve import main as solve
-
-                return solve(args.args)
-            from raysim.bench.collect import main as collect
-
-            return collect(args.args)
-    except (ConfigError, FileNotFoundError, CheckpointError, RunLockedError) as error:
-        print(f"raysim: error: {error}", file=sys.stderr)
-        return 2
-    except RunFailed as error:
-        print(f"raysim: error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:  # before the run's own handlers were installed (e.g. while Ray starts)
-        print("\nraysim: interrupted before training started: nothing to save", file=sys.stderr)
-        return 130
-    return 0
+def add_train(commands, common) -> None:
+    train = commands.add_parser(
+        "train",
+        help="train a policy",
+        description=TRAIN_HELP,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("config", nargs="?", help="YAML config file or packaged config name (default: cartpole_ppo)")
+    train.add_argument("--run-dir", help="where to write the run, a new or empty directory (default: runs/<name>)")
+    add_run_options(train)
+    train.set_defaults(run=train_command)
 
 
-def train(args: argparse.Namespace) -> int:
+def add_resume(commands, common) -> None:
+    resume = commands.add_parser(
+        "resume",
+        parents=[common],
+        help="continue a run from its newest intact checkpoint",
+        description="Continue RUN_DIR (also after it was moved or copied) from its newest intact checkpoint, "
+        "with the run's own config snapshot, or with --config: the original declaration, a whole run "
+        "config, or an env config such as RUN_DIR/configs/gym.yaml. An env that differs from the "
+        "checkpoint's is refused, listing every differing key.",
+    )
+    resume.add_argument("run_dir", metavar="RUN_DIR")
+    resume.add_argument("--config", help="config to resume with (default: RUN_DIR/configs/train.yaml)")
+    resume.add_argument("--force", action="store_true", help="resume even though the env differs (loud warning)")
+    resume.add_argument("--break-lock", action="store_true", help="take the run over from the process holding its lock")
+    add_run_options(resume)
+    resume.set_defaults(run=resume_command)
+
+
+def add_eval(commands, common) -> None:
+    evaluate = commands.add_parser(
+        "eval",
+        parents=[common],
+        help="evaluate a trained policy",
+        description="Evaluate a run's newest intact checkpoint (or a checkpoint directory) over balanced, seeded "
+        "episodes and print the completion and success rates with Wilson intervals.",
+    )
+    evaluate.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
+    evaluate.add_argument("--episodes", type=positive, default=100, help="episodes requested (default 100)")
+    evaluate.add_argument("--seed", type=int, help="evaluation seed (default: the run's eval.seed)")
+    evaluate.add_argument("--shards", type=positive, help="evaluation shards (the result does not depend on it)")
+    evaluate.add_argument("--envs-per-shard", type=positive, help="rows per evaluation shard")
+    evaluate.add_argument("--out", metavar="FILE.parquet", help="write one record per counted episode to this file")
+    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of argmax / mean")
+    evaluate.add_argument("--no-quotas", action="store_true", help="count the first episodes to finish (biased)")
+    evaluate.add_argument("--local", action="store_true", help="run in this process, without Ray")
+    evaluate.add_argument("--address", help="Ray cluster to attach to (host:port, or local)")
+    evaluate.set_defaults(run=eval_command)
+
+
+def add_plot(commands, common) -> None:
+    plot = commands.add_parser(
+        "plot",
+        parents=[common],
+        help="plot a run's learning curves",
+        description="Draw RUN_DIR's learning curve (episode return vs env steps), its losses, the evaluation "
+        "success rate with its Wilson band (when evaluations with a success exist; else the time "
+        "per iteration by phase) into one PNG.",
+    )
+    plot.add_argument("run_dir", metavar="RUN_DIR")
+    plot.add_argument("--out", metavar="FILE.png", help="where to write the PNG (default: RUN_DIR/plots.png)")
+    plot.set_defaults(run=plot_command)
+
+
+def add_export(commands, common) -> None:
+    export = commands.add_parser(
+        "export",
+        parents=[common],
+        help="export a trained policy (TorchScript / ONNX)",
+        description="Write the deterministic policy of a run's newest intact checkpoint (or a checkpoint directory) "
+        "as a standalone file: a policy observation batch [B, obs_dim] (float32) -> the action batch "
+        "(discrete: int64 argmax; continuous: the mean clipped or squashed into the action space), "
+        "observation normalization baked in. Loading it needs torch or an ONNX runtime, not raysim.",
+    )
+    export.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
+    export.add_argument(
+        "--format",
+        choices=["torchscript", "onnx"],
+        default="torchscript",
+        help="torchscript (torch.jit.load) or onnx (needs: pip install 'raysim[export]')",
+    )
+    export.add_argument("--out", required=True, metavar="FILE", help="where to write the policy (.pt / .onnx)")
+    export.set_defaults(run=export_command)
+
+
+def add_bench(commands, common) -> None:
+    bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
+    bench.add_argument(
+        "name",
+        choices=["collect", "solve"],
+        help="collect: rollout collection latency against peers; solve: time to solve CartPole",
+    )
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
+    bench.set_defaults(run=bench_command)
+
+
+def add_config(commands, common) -> None:
+    config = commands.add_parser(
+        "config",
+        parents=[common],
+        help="every config key: type, default, allowed values, meaning",
+        description="Print the config reference (generated from the schema the loader checks).",
+    )
+    config.add_argument("prefix", nargs="?", default="", help="only the keys that start with this (e.g. algo)")
+    config.add_argument("--markdown", action="store_true", help="as the Markdown tables of the README")
+    config.set_defaults(run=config_command)
+
+
+# -- the commands -------------------------------------------------------------------------------
+
+
+def train_command(args: argparse.Namespace) -> int:
     from raysim.coordinator import Trainer
 
     overrides = list(args.overrides)
@@ -191,15 +244,17 @@ def train(args: argparse.Namespace) -> int:
     if args.local:
         overrides.append("backend=local")
     config = load_config(args.config, overrides)
+    trainer = Trainer(config, address=args.address)
+    trainer.announce()  # a taken run name: the first line says where this run goes
     print(
         f"raysim: training {config.name}: {config.env.id}, {config.shards.count} shard(s) x "
         f"{config.env.num_envs} envs, {config.algo.name}, {config.train.total_steps:,} env steps",
         flush=True,
     )
-    return report(Trainer(config, address=args.address).train())
+    return report(trainer.train())
 
 
-def resume(args: argparse.Namespace) -> int:
+def resume_command(args: argparse.Namespace) -> int:
     from raysim.coordinator import Trainer
 
     overrides = list(args.overrides) + (["backend=local"] if args.local else [])
@@ -235,11 +290,13 @@ def report(summary) -> int:
     return summary.exit_code
 
 
-def evaluate(args: argparse.Namespace) -> int:
-    from raysim.coordinator import evaluate as run_evaluation
+def eval_command(args: argparse.Namespace) -> int:
+    from raysim.coordinator import evaluate
     from raysim.evaluation import format_report
 
-    report = run_evaluation(
+    if args.out:
+        check_output(args.out, "--out")
+    report = evaluate(
         args.path,
         episodes=args.episodes,
         seed=args.seed,
@@ -257,5 +314,64 @@ def evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def plot_command(args: argparse.Namespace) -> int:
+    from raysim.plot import plot_run
+
+    check_output(args.out or str(Path(args.run_dir) / "plots.png"), "--out")
+    print(f"plot: {plot_run(args.run_dir, args.out)}")
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from raysim.export import ExportError, export_policy
+
+    check_output(args.out, "--out")
+    try:
+        info = export_policy(args.path, args.out, args.format)
+    except ExportError as error:
+        raise OutputPathError(str(error)) from error
+    print(
+        f"export: {info['out']} ({info['format']}, {info['env_id']}, checkpoint {info['checkpoint']}, "
+        f"obs {info['observation_shape']} -> {info['action_space']}"
+        f"{', normalization baked in' if info['normalized'] else ''})"
+    )
+    return 0
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    if args.name == "solve":
+        from raysim.bench.solve import main as solve
+
+        return solve(args.args)
+    from raysim.bench.collect import main as collect
+
+    return collect(args.args)
+
+
+def config_command(args: argparse.Namespace) -> int:
+    from raysim.reference import config_reference
+
+    print(config_reference(args.prefix, markdown=args.markdown))
+    return 0
+
+
+def check_output(path: str, flag: str) -> None:
+    """Refuse, before any work, an output path that cannot be written: a directory, a path under a file,
+    a folder without write permission."""
+    target = Path(path)
+    if target.is_dir():
+        raise OutputPathError(f"{flag} {path} is a directory: give the file to write, e.g. {target / 'out'}")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise OutputPathError(f"{flag} {path} exists and cannot be written (no write permission)")
+    parent = target.parent
+    for ancestor in [parent, *parent.parents]:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise OutputPathError(f"{flag} {path}: {ancestor} is a file, not a directory")
+            break
+    folder = next(p for p in [parent, *parent.parents] if p.exists())
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".raysim-write-check-"):
+            pass
+    except OSError as error:
+        raise OutputPathError(f"{flag} {path}: cannot write in {folder} ({error.strerror or error})") from None

@@ -21,6 +21,7 @@ from raysim.algos import algorithm_class
 from raysim.algos.ppo import PPOConfig
 from raysim.composition import ConfigError, expand, read_yaml, safe_load
 from raysim.models import ModelConfig
+from raysim.schema import setting, violations
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "cartpole_ppo.yaml"
@@ -29,82 +30,117 @@ SINKS = ("console", "parquet", "tensorboard")  # the names train.sinks may list 
 __all__ = ["Config", "ConfigError", "load_config"]
 
 
+def device_problem(value: str) -> str | None:
+    if value in ("cpu", "auto") or value == "cuda" or (value.startswith("cuda:") and value[5:].isdigit()):
+        return None
+    return f"must be cpu, cuda, cuda:<index> or auto, got {value!r}"
+
+
+def resources_problem(value: dict) -> str | None:
+    if all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+        for k, v in value.items()
+    ):
+        return None
+    return f"must map resource names to amounts >= 0, e.g. {{shard: 1}}, got {value!r}"
+
+
+def name_problem(value: str) -> str | None:
+    if value and "/" not in value and value not in (".", ".."):
+        return None
+    return f"must be a non-empty name without '/', got {value!r}"
+
+
 @dataclass
 class EnvConfig:
     """Which env each shard builds, and how many rows."""
 
-    id: str = "raysim/CartPole"  # raysim/<Task> or gym:<Gymnasium id>
-    num_envs: int = 64  # rows per shard
-    kwargs: dict = field(default_factory=dict)  # options for the env factory
-    on_nonfinite: str = "raise"  # raise | mask
-    metadata: dict = field(default_factory=dict)  # the task's description, kept verbatim in snapshots
+    id: str = setting("raysim/CartPole", help="raysim/<Task>, gym:<Gymnasium id>, or module.path:Class")
+    num_envs: int = setting(64, help="rows per shard (one batched env)", low=1)
+    kwargs: dict = setting(factory=dict, help="options of the env (its factory's keyword arguments)")
+    on_nonfinite: str = setting(
+        "raise", help="an env's NaN or inf: stop, or drop that row's episode", choices=("raise", "mask")
+    )
+    metadata: dict = setting(factory=dict, help="the task's description, kept verbatim in the run's snapshot")
 
 
 @dataclass
 class ShardsConfig:
     """How many EnvShards, and what each asks Ray for."""
 
-    count: int = 1
-    num_cpus: float = 1.0
-    resources: dict = field(default_factory=dict)  # custom Ray resources per shard
-    max_restarts: int = 10  # shards replaced after their process died, over the run
-    max: int | None = None  # elastic: grow up to this many shards as the cluster adds capacity (count is the minimum)
+    count: int = setting(1, help="env shards (Ray actors); the minimum when shards.max is set", low=1)
+    num_cpus: float = setting(1.0, help="CPUs each shard asks Ray for (fractions allowed)", low=0)
+    resources: dict = setting(
+        factory=dict, help="custom Ray resources per shard, e.g. {shard: 1}", check=resources_problem
+    )
+    max_restarts: int = setting(10, help="shards replaced after their process died, over the run", low=0)
+    max: int | None = setting(None, help="elastic: grow up to this many shards as the cluster adds room", low=1)
 
 
 @dataclass
 class LearnerConfig:
     """Where the learner runs."""
 
-    device: str = "cpu"  # cpu | cuda | auto (a GPU when Ray gives one)
-    num_gpus: float = 0.0  # per rank
-    num_cpus: float = 1.0  # per rank
-    ranks: int = 1  # data-parallel learner ranks (torch.distributed: gloo on CPU, NCCL on GPU)
-    resources: dict = field(default_factory=dict)  # custom Ray resources per rank (e.g. {learner: 1})
-    max_restarts: int = 3  # learner restarts from the newest checkpoint after its process died
+    device: str = setting(
+        "cpu", help="cpu, cuda, cuda:<index>, or auto (a GPU when Ray gives one)", check=device_problem
+    )
+    num_gpus: float = setting(0.0, help="GPUs each learner rank asks Ray for", low=0)
+    num_cpus: float = setting(1.0, help="CPUs each learner rank asks Ray for", low=0)
+    ranks: int = setting(
+        1, help="data-parallel learner ranks (gloo on CPU, NCCL on GPU); must divide shards.count", low=1
+    )
+    resources: dict = setting(
+        factory=dict, help="custom Ray resources per rank, e.g. {learner: 1}", check=resources_problem
+    )
+    max_restarts: int = setting(3, help="learner restarts after its process died, over the run", low=0)
 
 
 @dataclass
 class TrainConfig:
     """How long to train and how often to report."""
 
-    total_steps: int = 100_000  # env steps, summed over shards
-    log_every: int = 1  # iterations between progress lines
-    stop_after: int | None = None  # stop this process after this many iterations (resume continues)
-    sinks: list[str] = field(default_factory=lambda: list(SINKS))  # metrics sinks
+    total_steps: int = setting(100_000, help="env steps to train for, summed over shards", low=1)
+    log_every: int = setting(1, help="iterations between log steps (progress line, metrics rows)", low=1)
+    stop_after: int | None = setting(None, help="stop this process after this many iterations (resume goes on)", low=1)
+    sinks: list[str] = setting(factory=lambda: list(SINKS), help="where metrics go", choices=SINKS)
 
 
 @dataclass
 class CheckpointConfig:
     """When to save and what to keep."""
 
-    every: int = 50  # iterations between checkpoints (0: none by iterations)
-    every_seconds: float = 300.0  # also after this much wall time since the last checkpoint (0: none by time)
-    keep_last: int = 3  # newest checkpoints kept (plus the best by evaluation)
+    every: int = setting(50, help="iterations between checkpoints (0: none by iterations)", low=0)
+    every_seconds: float = setting(300.0, help="also this much wall time after the last one (0: none by time)", low=0)
+    keep_last: int = setting(3, help="newest checkpoints kept (plus the best by evaluation)", low=1)
 
 
 @dataclass
 class EvalConfig:
     """Evaluation: balanced episodes over dedicated evaluation shards."""
 
-    episodes: int = 100  # at the end of training (0: none)
-    every: int = 0  # also every this many iterations (0: only at the end)
-    every_steps: int = 0  # also whenever another this many env steps were collected (0: off)
-    stop_return: float | None = None  # stop training at the first evaluation with this mean return or more
-    shards: int = 1
-    num_envs: int = 10  # rows per evaluation shard
-    seed: int = 12345
-    deterministic: bool = True  # argmax / mean action
-    balanced: bool = True  # per-row quotas; False: plain "first n to finish" (biased, for comparison)
-    confidence: float = 0.95  # of the Wilson intervals
-    max_steps: int | None = None  # batched steps per shard; default: every quota at the episode limit
+    episodes: int = setting(100, help="episodes of the final evaluation (0: none)", low=0)
+    every: int = setting(0, help="also evaluate every this many iterations (0: only at the end)", low=0)
+    every_steps: int = setting(0, help="also whenever another this many env steps were collected (0: off)", low=0)
+    stop_return: float | None = setting(None, help="stop at the first evaluation with this mean return or more")
+    shards: int = setting(1, help="evaluation shards", low=1)
+    num_envs: int = setting(10, help="rows per evaluation shard", low=1)
+    seed: int = setting(12345, help="seed of the evaluation episodes", low=0)
+    deterministic: bool = setting(True, help="argmax / mean actions (false: sampled)")
+    balanced: bool = setting(True, help="per-row quotas (false: the first episodes to finish; biased)")
+    confidence: float = setting(
+        0.95, help="level of the Wilson intervals", low=0, high=1, open_low=True, open_high=True
+    )
+    max_steps: int | None = setting(
+        None, help="batched steps per shard (default: every quota at the episode limit)", low=1
+    )
 
 
 @dataclass
 class Config:
     """A whole run."""
 
-    name: str = "run"
-    seed: int = 1
+    name: str = setting("run", help="the run's name (its default directory: runs/<name>)", check=name_problem)
+    seed: int = setting(1, help="seed of the weights, the shards' envs and the sampling", low=0)
     env: EnvConfig = field(default_factory=EnvConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -113,8 +149,11 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    run_dir: str | None = None  # default: runs/<name>
-    backend: str = "ray"  # ray | local (everything in this process; tests, debugging)
+    run_dir: str | None = setting(None, help="where the run is written (default: runs/<name>)")
+    backend: str = setting(
+        "ray", help="ray, or local: every role in this process (tests, debugging)", choices=("ray", "local")
+    )
+    resources_timeout: float = setting(600.0, help="seconds to wait for the cluster to make room for every role", low=0)
 
 
 def resolve_config_path(path: str | Path | None) -> Path:
@@ -147,8 +186,9 @@ def config_from_data(data: Any, file: Path, overrides: list[str] | None = None) 
     data = expand(data, file.parent)
     for item in overrides or []:
         apply_override(data, item)
-    config = from_dict(Config, data, str(file))
-    check_config(config, str(file))
+    where = f"{file} with --set" if overrides else str(file)
+    config = from_dict(Config, data, where)
+    check_config(config, where)
     return config
 
 
@@ -171,10 +211,12 @@ def load_resume_config(run_dir: Path, path: str | Path | None, overrides: list[s
 
 
 def check_config(config: Config, where: str = "config") -> None:
-    """Checks across sections: the algorithm's own (e.g. GRPO's group size against the rows per shard); ranks."""
-    unknown = [s for s in config.train.sinks if s not in SINKS]
-    if unknown:
-        raise ConfigError(f"{where}: train.sinks: unknown sink(s) {unknown}; valid: {list(SINKS)}")
+    """Every value against its setting's rule (the first one broken is named), then the checks across
+    sections: the algorithm's own (e.g. GRPO's group size against the rows per shard), learner ranks."""
+    problems = violations(config)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"{where}: {problems[0]}{more}")
     if config.shards.max is not None and config.shards.max < config.shards.count:
         raise ConfigError(f"{where}: shards.max ({config.shards.max}) must be >= shards.count ({config.shards.count})")
     ranks = config.learner.ranks

@@ -229,6 +229,9 @@ class RunLock:
                 pass  # the next renewal retries
 
     def release(self) -> None:
+        """Give the lock back (nothing when this process does not hold it)."""
+        if self._thread is None:
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "raysim"
 #: The core, lowest first: each may import only those before it (DESIGN.md, "Layout").
-CORE = ("seeding", "envs", "models", "rollout", "algos")
+CORE = ("seeding", "schema", "envs", "models", "rollout", "algos")
 #: What the roles above the core must never import.
 NEVER = {
     "learner": {

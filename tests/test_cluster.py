@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -16,10 +12,10 @@ import yaml
 
 import raysim
 from raysim.config import PACKAGED_CONFIGS
+from tests.support.ray_head import RAY, RayHead
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster"
-RAY = str(Path(sys.executable).parent / "ray")
 
 
 @pytest.mark.parametrize("name", ["aws.yaml", "onprem.yaml"])
@@ -54,64 +50,9 @@ def test_the_cluster_run_configs_ask_for_resources_that_the_worker_types_offer()
         assert fits(shard, onprem) and fits({**learner, "GPU": 0}, onprem), file
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def stop_head(temp_dir: str) -> None:
-    """Stop only this test's Ray processes (``ray stop`` would stop every Ray on the machine)."""
-    for attempt in range(2):
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if temp_dir in cmdline and int(proc.name) != os.getpid():
-                try:
-                    os.kill(int(proc.name), signal.SIGTERM if attempt == 0 else signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        time.sleep(2)
-
-
 def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path):
-    temp_dir = tempfile.mkdtemp(prefix="rsj", dir="/tmp")
-    dashboard = free_port()
-    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    environ["RAY_AUTH_MODE"] = "token"  # `ray start --head` enables token authentication (Ray 2.60)
-    environ["PATH"] = os.pathsep.join(
-        [str(Path(sys.executable).parent), environ.get("PATH", "")]
-    )  # the job runs `raysim`
-    start = [
-        RAY,
-        "start",
-        "--head",
-        "--port",
-        str(free_port()),
-        "--dashboard-host",
-        "127.0.0.1",
-        "--dashboard-port",
-        str(dashboard),
-        "--num-cpus",
-        "4",
-        "--temp-dir",
-        temp_dir,
-        "--disable-usage-stats",
-    ]
-    for flag in (
-        "--dashboard-agent-listen-port",
-        "--dashboard-agent-grpc-port",
-        "--metrics-export-port",
-        "--runtime-env-agent-port",
-        "--ray-client-server-port",
-    ):  # no clash with another Ray on this machine
-        start += [flag, str(free_port())]
-    try:
-        subprocess.run(start, check=True, capture_output=True, text=True, env=environ, timeout=120)
+    with RayHead(num_cpus=4, dashboard=True) as head:
+        environ = dict(head.env)
         work = tmp_path / "job"
         work.mkdir()
         (work / "small.yaml").write_text(
@@ -122,7 +63,7 @@ def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path)
         # configs/cartpole_ppo.yaml is packaged: the include finds it next to small.yaml only if copied
         (work / "cartpole_ppo.yaml").write_text((PACKAGED_CONFIGS / "cartpole_ppo.yaml").read_text())
         run_dir = tmp_path / "run"
-        environ["RAY_ADDRESS"] = f"http://127.0.0.1:{dashboard}"
+        environ["RAY_ADDRESS"] = f"http://127.0.0.1:{head.dashboard_port}"
         job_id = f"raysim-test-{os.getpid()}"
         submit = [
             RAY,
@@ -161,5 +102,3 @@ def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path)
         assert progress and all("\r" not in line and "\x1b" not in line for line in progress)  # plain lines
         assert (run_dir / "configs" / "train.yaml").is_file() and (run_dir / "metrics.parquet").is_file()
         assert any((run_dir / "checkpoints").iterdir())
-    finally:
-        stop_head(temp_dir)

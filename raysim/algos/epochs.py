@@ -30,6 +30,11 @@ def run_epochs(
     ``approx_kl`` exceeds it. Returns the metrics averaged over the applied steps (tensors).
     """
     size = batch["actions"].shape[0]
+    if size == 0:
+        raise ValueError(
+            "every transition of this iteration's batch was masked (the env gave non-finite values on every row, "
+            "env.on_nonfinite: mask): there is nothing to train on; fix the env"
+        )
     if size < config.num_minibatches:
         raise ValueError(f"a batch of {size} transitions cannot be split into {config.num_minibatches} minibatches")
     minibatch_size = size // config.num_minibatches

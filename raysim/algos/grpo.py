@@ -23,25 +23,26 @@ from raysim.algos.epochs import Batch, concat, transitions
 from raysim.algos.ppo import clipped_objective, ratio_metrics
 from raysim.models import Actor, ActorCritic
 from raysim.rollout import GroupEpisodes, RolloutChunk
+from raysim.schema import setting
 
 
 @dataclass
 class GRPOConfig:
     """GRPO hyperparameters."""
 
-    name: str = "grpo"
-    group_size: int = 8  # rows per group (must divide env.num_envs, >= 2)
-    num_steps: int = 500  # step limit of one round: a round ends when every row finished or at this
-    lr: float = 3e-4
-    lr_schedule: str = "constant"  # constant | linear (to 0 over the run)
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    clip_coef: float = 0.2
-    ent_coef: float = 0.0
-    kl_coef: float = 0.0  # KL penalty toward the frozen initial actor (0: none, no reference kept)
-    std_normalize: bool = True  # False: advantages R - mean only (Dr. GRPO)
-    max_grad_norm: float = 0.5
-    max_nonfinite_updates: int = 3  # consecutive skipped minibatches before training stops
+    name: str = setting("grpo", help="the algorithm")
+    group_size: int = setting(8, help="rows per group; must divide env.num_envs", low=2)
+    num_steps: int = setting(500, help="step limit of a round (a round ends when every row finished)", low=1)
+    lr: float = setting(3e-4, help="Adam's learning rate", low=0, open_low=True)
+    lr_schedule: str = setting("constant", help="linear: to 0 over the run", choices=("constant", "linear"))
+    update_epochs: int = setting(4, help="passes over each round's batch", low=1)
+    num_minibatches: int = setting(4, help="minibatches per pass", low=1)
+    clip_coef: float = setting(0.2, help="the ratio's clip range epsilon", low=0, high=1, open_low=True, open_high=True)
+    ent_coef: float = setting(0.0, help="weight of the entropy bonus", low=0)
+    kl_coef: float = setting(0.0, help="KL penalty toward the frozen initial actor (0: none)", low=0)
+    std_normalize: bool = setting(True, help="divide by the group's std (false: Dr. GRPO, centred only)")
+    max_grad_norm: float = setting(0.5, help="global gradient-norm clip", low=0, open_low=True)
+    max_nonfinite_updates: int = setting(3, help="consecutive skipped minibatches before training stops", low=1)
 
 
 def group_advantages(

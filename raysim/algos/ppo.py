@@ -20,29 +20,32 @@ from raysim.algos.reward_scale import RewardScale
 from raysim.models import ActorCritic
 from raysim.rollout import FixedSteps, RolloutChunk
 from raysim.rollout.advantages import chunk_values, gae
+from raysim.schema import setting
 
 
 @dataclass
 class PPOConfig:
     """PPO hyperparameters (CleanRL's names and defaults unless noted)."""
 
-    name: str = "ppo"
-    num_steps: int = 32  # steps per shard per iteration (the chunk length T)
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    lr: float = 3e-4
-    lr_schedule: str = "constant"  # constant | linear (to 0 over the run)
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    clip_coef: float = 0.2
-    clip_vloss: bool = False
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    norm_adv: bool = True
-    max_grad_norm: float = 0.5
-    target_kl: float | None = None  # stop the epochs early once approx_kl exceeds it
-    max_nonfinite_updates: int = 3  # consecutive skipped minibatches before training stops
-    reward_scale: bool = False  # divide rewards by the running std of the discounted return (VecNormalize)
+    name: str = setting("ppo", help="the algorithm")
+    num_steps: int = setting(32, help="steps per shard per iteration (the chunk length T)", low=1)
+    gamma: float = setting(0.99, help="discount", low=0, high=1)
+    gae_lambda: float = setting(0.95, help="GAE's lambda", low=0, high=1)
+    lr: float = setting(3e-4, help="Adam's learning rate", low=0, open_low=True)
+    lr_schedule: str = setting("constant", help="linear: to 0 over the run", choices=("constant", "linear"))
+    update_epochs: int = setting(4, help="passes over each iteration's batch", low=1)
+    num_minibatches: int = setting(4, help="minibatches per pass", low=1)
+    clip_coef: float = setting(0.2, help="the ratio's clip range epsilon", low=0, high=1, open_low=True, open_high=True)
+    clip_vloss: bool = setting(False, help="clip the value loss as the ratio")
+    vf_coef: float = setting(0.5, help="weight of the value loss", low=0)
+    ent_coef: float = setting(0.0, help="weight of the entropy bonus", low=0)
+    norm_adv: bool = setting(True, help="normalize the advantages per minibatch")
+    max_grad_norm: float = setting(0.5, help="global gradient-norm clip", low=0, open_low=True)
+    target_kl: float | None = setting(
+        None, help="stop the epochs early once approx_kl exceeds it", low=0, open_low=True
+    )
+    max_nonfinite_updates: int = setting(3, help="consecutive skipped minibatches before training stops", low=1)
+    reward_scale: bool = setting(False, help="divide rewards by the running std of the discounted return")
 
 
 def clipped_objective(logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:

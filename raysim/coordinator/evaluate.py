@@ -7,7 +7,8 @@ from pathlib import Path
 
 from raysim.checkpoint import locate_checkpoint
 from raysim.config import load_config
-from raysim.coordinator.roles import create_shard, start_backend
+from raysim.coordinator.cluster import start_backend
+from raysim.coordinator.roles import create_shard
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.models import actor_state
 from raysim.rollout import EnvShard

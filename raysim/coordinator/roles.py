@@ -1,14 +1,13 @@
-"""The run's roles built from its config: the backend (an embedded or attached Ray), shards, the learner group."""
+"""The run's roles built from its config: shards, evaluation shards, the learner group."""
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from raysim.actors import Backend, Handle, LocalBackend, RayBackend
+from raysim.actors import Backend, Handle
 from raysim.config import Config
+from raysim.coordinator.cluster import ResourceError, describe_needs, needs
 from raysim.learner import LearnerGroup
 from raysim.rollout import EnvShard
 from raysim.seeding import derive_seed
@@ -23,29 +22,6 @@ class Roles:
     learner: LearnerGroup
     max_episode_steps: int | None
     spaces: tuple  # the env's observation spaces and action space, to build a learner again
-
-
-def start_backend(config: Config, address: str | None = None) -> tuple[Backend, bool]:
-    """The backend of ``config``; starts an embedded local Ray when none is running and no address is given.
-
-    Returns ``(backend, started)``: ``started`` is True when this call started Ray (then the
-    caller shuts it down).
-    """
-    if config.backend == "local":
-        return LocalBackend(), False
-    if config.backend != "ray":
-        raise ValueError(f"backend must be 'ray' or 'local', got {config.backend!r}")
-    import ray
-
-    if ray.is_initialized():
-        return RayBackend(), False
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-    else:  # the embedded local Ray: enough logical CPUs for every role of this run
-        wanted = (config.shards.count + config.eval.shards) * config.shards.num_cpus + config.learner.num_cpus
-        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)), include_dashboard=False)
-    return RayBackend(), True
 
 
 def shard_request(config: Config) -> dict[str, float]:
@@ -104,6 +80,10 @@ def create_roles(backend: Backend, config: Config, iterations: int) -> Roles:
     eval_shards = [
         create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)
     ]
-    observation_spaces, action_space, max_episode_steps = backend.get(shards[0].call(EnvShard.spaces))
+    try:
+        started = backend.wait_started([*shards, *eval_shards], EnvShard.spaces, "shards", config.resources_timeout)
+    except TimeoutError as error:
+        raise ResourceError(f"{error}:\n{describe_needs(needs(config))}") from error
+    observation_spaces, action_space, max_episode_steps = started[0]
     spaces: tuple[Any, ...] = (observation_spaces, action_space)
     return Roles(shards, eval_shards, create_learner(backend, config, spaces, iterations), max_episode_steps, spaces)

@@ -12,19 +12,30 @@ from typing import Any
 
 import yaml
 
+from raysim.composition import ConfigError
 from raysim.config import Config, to_dict
 from raysim.envs.registry import export_resources
 from raysim.storage import write_atomically
 
 
-def new_run_dir(config: Config) -> Path:
-    """A new, empty run directory: ``run_dir``, or ``runs/<name>`` (suffixed when taken)."""
-    base = Path(config.run_dir) if config.run_dir else Path("runs") / config.name
+def choose_run_dir(config: Config) -> tuple[Path, str | None]:
+    """Where a new run goes (nothing is created yet) and a note when the default name was taken.
+
+    ``run_dir``, which must not hold anything yet (a run there is continued with ``raysim resume``),
+    or ``runs/<name>``, suffixed ``-1``, ``-2``, ... when taken.
+    """
+    if config.run_dir:
+        path = Path(config.run_dir)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            what = "holds a run" if (path / "configs" / "train.yaml").is_file() else "is not an empty directory"
+            hint = f"continue it with `raysim resume {path}`, or " if what == "holds a run" else ""
+            raise ConfigError(f"run_dir {path} {what}: {hint}choose another --run-dir")
+        return path, None
+    base = Path("runs") / config.name
     path, n = base, 1
-    while path.exists() and any(path.iterdir()):
+    while path.exists() and (not path.is_dir() or any(path.iterdir())):
         path, n = base.with_name(f"{base.name}-{n}"), n + 1
-    (path / "configs").mkdir(parents=True, exist_ok=True)
-    return path
+    return path, (f"{base} is taken: this run writes {path}" if path != base else None)
 
 
 def write_snapshot(run_dir: Path, config: Config) -> None:

@@ -23,16 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raysim.actors import Backend, InputLost
+from raysim.actors import Backend, InputLost, describe
 from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
+from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Collector
 from raysim.coordinator.phases import PhaseClock
-from raysim.coordinator.roles import create_learner, create_roles, create_shard, start_backend
+from raysim.coordinator.preflight import check_env_and_model
+from raysim.coordinator.roles import create_learner, create_roles, create_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
-from raysim.coordinator.snapshot import new_run_dir, resume_refusal, write_snapshot
+from raysim.coordinator.snapshot import choose_run_dir, resume_refusal, write_snapshot
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.identity import differences, env_identity
 from raysim.learner.group import combined
@@ -118,12 +120,13 @@ class Trainer:
         break_lock: bool = False,
     ):
         check_config(config)
+        check_env_and_model(config)
         self.config = config
         self.address = address
         self.sinks = sinks
         self.resume = resume
         self.break_lock = break_lock
-        self.run_dir = Path(config.run_dir) if resume else new_run_dir(config)
+        self.run_dir, self.note = (Path(config.run_dir), None) if resume else choose_run_dir(config)
         self.storage = RunStorage(self.run_dir)
         self.checkpoints = Checkpoints(self.storage)
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
@@ -179,14 +182,15 @@ class Trainer:
         """Run to ``train.total_steps`` env steps, checkpoint, evaluate; a signal or a failure at any phase
         ends with a checkpoint of the last completed iteration (``Summary.stopped_by`` says why it stopped)."""
         t0 = time.perf_counter()
-        lock = RunLock(self.storage)
-        note = lock.acquire(force=self.break_lock)
-        if note:
-            print(f"raysim: {self.run_dir}: {note}", flush=True)
-        self.sinks_set = None
-        started_ray = False
+        self.announce()
+        self.sinks_set, lock, started_ray = None, RunLock(self.storage), False
         try:
+            if self.resume:  # a second process on the run is refused before Ray starts
+                self._lock(lock)
             self.backend, started_ray = start_backend(self.config, self.address)
+            if not self.resume:  # the run directory appears once its roles are sure to fit
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self._lock(lock)
             with StopSignals() as self.signals:
                 try:
                     self._prepare()
@@ -200,11 +204,22 @@ class Trainer:
             if self.sinks_set is not None:  # also when training failed: the console line ends, files are closed
                 self.sinks_set.close()
             self._release_roles()
-            lock.release()
+            lock.release()  # only if this process holds it
             if started_ray:
                 import ray
 
                 ray.shutdown()
+
+    def announce(self) -> None:
+        """Say (once) where the run goes when its default name was taken (the CLI does it in its first line)."""
+        if self.note:
+            print(f"raysim: {self.note}", flush=True)
+            self.note = None
+
+    def _lock(self, lock: RunLock) -> None:
+        note = lock.acquire(force=self.break_lock)
+        if note:
+            print(f"raysim: {self.run_dir}: {note}", flush=True)
 
     def _release_roles(self) -> None:
         """The run's actors end with it (their CPUs go back to the cluster at once)."""
@@ -228,6 +243,14 @@ class Trainer:
         self.pending_eval: dict[str, float] = {}  # evaluation metrics waiting for the next log step
         self.last_save = time.monotonic()
         failure: BaseException | None = None
+        if self.resume and self.budget_reached(self.ready.state):
+            state, total = self.ready.state, self.config.train.total_steps
+            print(
+                f"raysim: nothing to train: the run is at {state.env_steps:,} env steps and the config's budget is "
+                f"train.total_steps={total:,}; to train longer: raysim resume {self.run_dir} "
+                f"--set train.total_steps=<more>",
+                flush=True,
+            )
         try:
             while (reason := self.stop_reason(self.ready.state)) is None:
                 self._iterate_or_restart()
@@ -242,7 +265,8 @@ class Trainer:
         except StopRequested as stop:  # it arrived during the final save, which finished first
             reason = stop.name
         report = self.solved
-        if reason in FINISHED and report is None and self.config.eval.episodes > 0:
+        evaluated = self.ready.saved is not None and self.checkpoints.score(self.ready.saved) is not None
+        if reason in FINISHED and report is None and self.config.eval.episodes > 0 and not evaluated:
             try:
                 report = self._final_evaluation()
             except (StopRequested, KeyboardInterrupt) as stop:
@@ -401,9 +425,7 @@ class Trainer:
         state = self.ready.state
         if state.iteration == 0:
             if failure is not None:
-                raise RunFailed(
-                    f"{type(failure).__name__}: {failure}\n(no iteration had completed: nothing was saved)"
-                ) from failure
+                raise RunFailed(f"{describe(failure)}\n(no iteration had completed: nothing was saved)") from failure
             return
         stop = None
         try:
@@ -418,9 +440,9 @@ class Trainer:
                 )
             except CheckpointError:
                 where = "there is no intact checkpoint"
-            cause = f"{type(failure).__name__}: {failure}\nand saving" if failure is not None else "saving"
+            cause = f"{describe(failure)}\nand saving" if failure is not None else "saving"
             raise RunFailed(
-                f"{cause} iteration {state.iteration} failed: {type(error).__name__}: {error}\n"
+                f"{cause} iteration {state.iteration} failed: {describe(error)}\n"
                 f"{where}; after fixing the cause: raysim resume {self.run_dir}"
             ) from error
         print(
@@ -430,7 +452,7 @@ class Trainer:
         )
         if failure is not None:
             raise RunFailed(
-                f"{type(failure).__name__}: {failure}\nthe last completed iteration ({state.iteration}) "
+                f"{describe(failure)}\nthe last completed iteration ({state.iteration}) "
                 f"is saved; after fixing the cause: raysim resume {self.run_dir}"
             ) from failure
         if stop is not None:

@@ -30,6 +30,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from raysim.envs.contract import BatchedEnv, Obs, Step, check_actions, check_num_envs
+from raysim.envs.errors import UnknownEnvError
 
 VECTORIZE = ("sync", "async", "native")
 
@@ -52,7 +53,7 @@ class GymAdapter(BatchedEnv):
             raise ValueError(f"{self.env_id}: vectorize must be one of {VECTORIZE}, got {vectorize!r}")
         if gym_id not in gym.registry:
             close = [k for k in gym.registry if gym_id.lower().split("-")[0] in k.lower()][:5]
-            raise ValueError(f"unknown Gymnasium id {gym_id!r}" + (f"; similar ids: {close}" if close else ""))
+            raise UnknownEnvError(f"unknown Gymnasium id {gym_id!r}" + (f"; similar ids: {close}" if close else ""))
         mode = {"sync": "sync", "async": "async", "native": "vector_entry_point"}[vectorize]
         vector_kwargs = {}
         if autoreset_mode is not None:

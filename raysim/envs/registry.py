@@ -9,11 +9,13 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from raysim.envs.contract import BatchedEnv, check_num_envs
+from raysim.envs.errors import EnvOptionError, UnknownEnvError
 
 EnvFactory = Callable[..., BatchedEnv]
 _REGISTRY: dict[str, EnvFactory] = {}
@@ -40,10 +42,10 @@ def factory(env_id: str) -> EnvFactory:
         try:
             return getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as error:
-            raise ValueError(f"env id {env_id!r}: cannot import {name} from {module}: {error}") from error
+            raise UnknownEnvError(f"env id {env_id!r}: cannot import {name} from {module}: {error}") from error
     if env_id not in _REGISTRY:
         hint = difflib.get_close_matches(env_id, list(_REGISTRY), n=1)
-        raise ValueError(
+        raise UnknownEnvError(
             f"unknown env id {env_id!r}"
             + (f"; did you mean {hint[0]!r}?" if hint else "")
             + f" Native tasks: {registered()}; Gymnasium envs are named 'gym:<ID>', e.g. 'gym:CartPole-v1'."
@@ -75,7 +77,18 @@ def make(env_id: str, num_envs: int, seed: int | None = None, **kwargs: Any) -> 
 
         return GymAdapter(env_id[len("gym:") :], num_envs, seed=seed, **copy.deepcopy(kwargs))
     build = factory(env_id)
-    try:
-        return build(num_envs=num_envs, seed=seed, **materialize(env_id, kwargs))
-    except TypeError as error:
-        raise TypeError(f"{env_id}: bad env option: {error}") from error
+    check_options(env_id, build, kwargs)
+    return build(num_envs=num_envs, seed=seed, **materialize(env_id, kwargs))
+
+
+def check_options(env_id: str, build: EnvFactory, options: dict[str, Any]) -> None:
+    """Refuse an option the factory does not take (``EnvOptionError``, with the closest valid name)."""
+    parameters = inspect.signature(build).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    valid = [n for n in parameters if n not in ("num_envs", "seed")]
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"its options: {valid}"
+            raise EnvOptionError(f"{env_id} has no option {key!r}; {hint}", key)

@@ -15,7 +15,7 @@ The PPO ratio is the same in ``u`` and in the transformed action, so no Jacobian
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from raysim.models.normalizer import RunningNorm
+from raysim.schema import setting
 
 
 class Tanh(nn.Module):
@@ -43,13 +44,15 @@ ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "s
 class ModelConfig:
     """The network: hidden layer sizes, activation, how continuous actions meet the action space."""
 
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
-    activation: str = "tanh"
-    action_transform: str = "clip"  # clip | squash
-    init_log_std: float = 0.0
-    critic: bool = True  # GRPO trains without one
-    obs_norm: bool = False  # running mean/var normalization of the actor's and critic's inputs
-    obs_norm_clip: float = 10.0  # normalized observations are clipped to [-clip, clip]
+    hidden_sizes: list[int] = setting(factory=lambda: [64, 64], help="widths of the hidden layers", item_low=1)
+    activation: str = setting("tanh", help="between the layers", choices=tuple(ACTIVATIONS))
+    action_transform: str = setting("clip", help="continuous actions into the action space", choices=("clip", "squash"))
+    init_log_std: float = setting(0.0, help="initial log standard deviation of Gaussian actions")
+    critic: bool = setting(True, help="build a value network (critic-free algorithms default to false)")
+    obs_norm: bool = setting(False, help="normalize the actor's and critic's inputs by running mean and variance")
+    obs_norm_clip: float = setting(
+        10.0, help="normalized observations are clipped to [-clip, clip]", low=0, open_low=True
+    )
 
 
 def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_gain: float = 1.0) -> nn.Sequential:

@@ -20,6 +20,7 @@ import torch
 
 from raysim.envs import make
 from raysim.envs.contract import Obs, Step
+from raysim.envs.messages import captured
 from raysim.models import Actor, MLPInference, ModelConfig, sample_categorical
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.endings import (
@@ -67,7 +68,8 @@ class EnvShard:
         self.shard_index = shard_index
         self.on_nonfinite = on_nonfinite
         self.seed = seed
-        self.env = make(env_id, num_envs, seed=seed, **dict(env_kwargs or {}))
+        with captured() as self.messages:  # said once by the driver, not once per shard (envs.messages)
+            self.env = make(env_id, num_envs, seed=seed, **dict(env_kwargs or {}))
         model = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
         self.actor = Actor(self.env.observation_spaces, self.env.action_space, model)
         self.generator = torch.Generator()

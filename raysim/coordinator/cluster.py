@@ -1,0 +1,263 @@
+"""Ray for a run: attach to a cluster or start an embedded one, and make sure every role fits before any starts.
+
+``start_backend`` follows Ray's convention: ``--address`` (or ``RAY_ADDRESS``) attaches there; without
+one, a cluster already running on this machine is attached to, and otherwise an embedded local Ray
+is started, large enough for every role of the run (``--address local`` forces that). Then
+``wait_for_room`` compares what every role asks for (shards, evaluation shards, learner ranks: CPUs,
+GPUs, custom resources) with what the cluster has: a run that can never fit is an error with the
+numbers and the keys to change; one that fits once the autoscaler adds nodes (or other work frees
+room) waits with a line every few seconds, up to ``resources_timeout``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from raysim.actors import Backend, LocalBackend, RayBackend
+from raysim.config import Config
+
+
+class ResourceError(RuntimeError):
+    """The cluster cannot give the run what its roles ask for (or cannot be reached): what to change."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """``count`` actors of one role, each asking Ray for ``each``; ``keys``: the config keys that set it."""
+
+    role: str
+    count: int
+    each: dict[str, float]
+    keys: str
+
+
+def needs(config: Config) -> list[Need]:
+    """What every role of the run asks Ray for."""
+    cfg = config
+    shard = {"CPU": cfg.shards.num_cpus, **cfg.shards.resources}
+    learner = {"CPU": cfg.learner.num_cpus, "GPU": cfg.learner.num_gpus, **cfg.learner.resources}
+    found = [Need("shards", cfg.shards.count, shard, "shards.count, shards.num_cpus, shards.resources")]
+    if cfg.eval.episodes or cfg.eval.every or cfg.eval.every_steps:
+        found.append(Need("evaluation shards", cfg.eval.shards, shard, "eval.shards, shards.num_cpus"))
+    found.append(
+        Need(
+            "learner ranks",
+            cfg.learner.ranks,
+            learner,
+            "learner.ranks, learner.num_cpus, learner.num_gpus, learner.resources",
+        )
+    )
+    return [n for n in found if n.count]
+
+
+def total(found: list[Need]) -> dict[str, float]:
+    """The resources every role together asks for."""
+    sums: dict[str, float] = {}
+    for need in found:
+        for name, amount in need.each.items():
+            if amount > 0:
+                sums[name] = sums.get(name, 0.0) + need.count * amount
+    return sums
+
+
+def shortfall(wanted: dict[str, float], have: dict[str, float]) -> dict[str, float]:
+    """What ``have`` lacks of ``wanted``, per resource."""
+    return {k: v - have.get(k, 0.0) for k, v in wanted.items() if v - have.get(k, 0.0) > 1e-9}
+
+
+def describe_needs(found: list[Need]) -> str:
+    """Each role's request, one line each."""
+    lines = []
+    for need in found:
+        each = ", ".join(f"{amount:g} {name}" for name, amount in need.each.items() if amount > 0) or "nothing"
+        lines.append(f"  {need.role}: {need.count} x ({each})  [{need.keys}]")
+    return "\n".join(lines)
+
+
+def amounts(resources: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(resources.items()))
+
+
+# -- starting or attaching ----------------------------------------------------------------------
+
+
+def start_backend(config: Config, address: str | None = None) -> tuple[Backend, bool]:
+    """The backend of ``config`` (checked: every role fits); ``started`` when this call started Ray."""
+    if config.backend == "local":
+        return LocalBackend(), False
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if address is None:
+            address = running_cluster()
+            if address is not None:
+                print(
+                    f"raysim: attaching to the Ray cluster running on this machine at {address} "
+                    "(--address local starts an embedded one instead)",
+                    flush=True,
+                )
+        if address in (None, "local"):
+            start_embedded(config)
+        else:
+            attach(address)
+        started = True
+    wait_for_room(config, ray)
+    return RayBackend(), started
+
+
+def running_cluster() -> str | None:
+    """The address of a Ray cluster started on this machine with ``ray start`` that answers, if any."""
+    from ray._private.services import find_bootstrap_address
+
+    try:
+        address = find_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 - no readable record: no cluster to attach to
+        return None
+    return address if address and reachable(address) is None else None
+
+
+def start_embedded(config: Config) -> None:
+    """An embedded local Ray with room for every role (each rank's CPUs, GPUs and custom resources)."""
+    import ray
+
+    wanted = total(needs(config))
+    gpus = wanted.get("GPU", 0.0)
+    if gpus:
+        import torch
+
+        visible = torch.cuda.device_count()
+        if gpus > visible:
+            raise ResourceError(
+                f"the learner ranks ask for {gpus:g} GPU(s) (learner.num_gpus x learner.ranks) and this machine has "
+                f"{visible}: set learner.num_gpus=0 and learner.device=cpu, or attach to a cluster with GPUs"
+            )
+    custom = {k: math.ceil(v) for k, v in wanted.items() if k not in ("CPU", "GPU")}
+    cpus = max(os.cpu_count() or 1, math.ceil(wanted.get("CPU", 0.0)))
+    ray.init(
+        address="local", num_cpus=cpus, num_gpus=math.ceil(gpus), resources=custom or None, include_dashboard=False
+    )
+
+
+def attach(address: str) -> None:
+    """``ray.init(address)``, with a clear error when nothing answers there or it wants a token."""
+    import ray
+
+    problem = reachable(address)
+    if problem:
+        raise ResourceError(problem)
+    try:
+        ray.init(address=address)
+    except Exception as error:  # ConnectionError, caused by an AuthenticationError: say what to do
+        text = str(error)
+        causes, cause = [], error
+        while cause is not None:
+            causes.append(f"{type(cause).__name__}: {cause}")
+            cause = cause.__cause__ or cause.__context__
+        if any("InvalidAuthToken" in c or "AuthenticationError" in c for c in causes):
+            raise ResourceError(
+                f"the Ray cluster at {address} requires token authentication: set RAY_AUTH_MODE=token (the token is "
+                "read from ~/.ray/auth_token, or from RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)"
+            ) from error
+        raise ResourceError(f"cannot attach to the Ray cluster at {address}: {text.splitlines()[0]}") from error
+
+
+def reachable(address: str, timeout: float = 3.0) -> str | None:
+    """Why nothing usable answers at a Ray GCS ``address`` (None: something listens there)."""
+    if address.startswith(("http://", "https://")):
+        port = urlparse(address).port
+        return (
+            f"{address} is a dashboard / job-submission address{f' (port {port})' if port else ''}: attach "
+            "with the cluster's GCS address host:port (`ray start --head` prints it, default port 6379), "
+            "or submit the run with `ray job submit`"
+        )
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return f"--address {address!r} must be host:port (e.g. 127.0.0.1:6379), 'local', or left out"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except OSError as error:
+        return (
+            f"no Ray cluster answers at {address} ({error.strerror or error}): start one with `ray start "
+            "--head`, check the address, or leave --address out for an embedded Ray"
+        )
+
+
+# -- room for the roles -------------------------------------------------------------------------
+
+
+def can_grow(ray) -> bool:
+    """Whether an autoscaler that can add nodes runs (as far as Ray shows): its status is in the GCS and
+    names node types of its own (``ray start`` without an autoscaling config only mirrors its nodes)."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    try:
+        status = _internal_kv_get("__autoscaling_status")
+    except Exception:  # noqa: BLE001 - an old or unusual cluster: assume it cannot
+        return False
+    if not status:
+        return False
+    report = json.loads(status).get("autoscaler_report") or {}
+    mapping = report.get("node_type_mapping") or {}
+    return not (report.get("legacy") and all(str(v).startswith("node_") for v in mapping.values()))
+
+
+def wait_for_room(config: Config, ray, interval: float = 5.0) -> None:
+    """Return once the cluster has room for every role; wait (saying so) while it may get it; else raise."""
+    found = needs(config)
+    wanted = total(found)
+    biggest = largest_node(ray)
+    for need in found:  # an actor larger than every node can only run on a node to come
+        if shortfall(need.each, biggest) and not can_grow(ray):
+            raise ResourceError(
+                f"one of the {need.role} asks for {amounts(need.each)} and no node of this cluster has that much "
+                f"(the largest: {amounts(biggest)}); change {need.keys}"
+            )
+    deadline, requested, said = time.monotonic() + config.resources_timeout, False, 0.0
+    while True:
+        short_total = shortfall(wanted, ray.cluster_resources())
+        short_free = shortfall(wanted, ray.available_resources())
+        if not short_total and not short_free:
+            return
+        if short_total and not can_grow(ray):
+            raise ResourceError(
+                f"this run needs {amounts(wanted)} and the cluster has {amounts(ray.cluster_resources())} with no "
+                f"autoscaler to add more; lower what the roles ask for:\n{describe_needs(found)}"
+            )
+        if short_total and not requested:
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=[dict(n.each) for n in found for _ in range(n.count)])
+            requested = True
+        if time.monotonic() > deadline:
+            raise ResourceError(
+                f"gave up after {config.resources_timeout:g} s (resources_timeout) waiting for {amounts(short_free)} "
+                f"more:\n{describe_needs(found)}"
+            )
+        if time.monotonic() - said >= interval:
+            why = "the autoscaler is adding nodes" if short_total else "other work holds them"
+            print(
+                f"raysim: waiting for {amounts(short_free)} more ({why}): the cluster has "
+                f"{amounts(ray.available_resources())} free; this run needs {amounts(wanted)}",
+                flush=True,
+            )
+            said = time.monotonic()
+        time.sleep(0.5)
+
+
+def largest_node(ray) -> dict[str, float]:
+    """The most of each resource any one alive node has."""
+    most: dict[str, float] = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for name, amount in node.get("Resources", {}).items():
+                most[name] = max(most.get(name, 0.0), amount)
+    return most

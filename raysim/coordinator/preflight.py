@@ -1,0 +1,43 @@
+"""Checks before any work: the env and the model can be built from the config, in the driver, in a second.
+
+A typo in ``env.id`` or ``env.kwargs``, a task option out of its range, an action space the model
+cannot act in: each is a ``ConfigError`` naming the key, raised before Ray starts or anything is
+written, not a traceback from inside a shard on another node.
+"""
+
+from __future__ import annotations
+
+from raysim.composition import ConfigError
+from raysim.config import Config
+from raysim.envs import make
+from raysim.envs.errors import EnvOptionError, UnknownEnvError
+from raysim.envs.messages import captured
+from raysim.models import ActorCritic
+
+
+def check_env_and_model(config: Config) -> None:
+    """Build one row of the env and the model of ``config``; a ``ConfigError`` naming the key when it fails."""
+    env_id = config.env.id
+    try:
+        with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
+            env = make(env_id, 1, seed=0, **config.env.kwargs)
+    except UnknownEnvError as error:
+        raise ConfigError(f"env.id: {one_line(error)}") from error
+    except EnvOptionError as error:
+        raise ConfigError(f"env.kwargs.{error.key}: {one_line(error)}") from error
+    except (ValueError, TypeError, KeyError, LookupError) as error:  # the task's own check of its options
+        raise ConfigError(f"env.kwargs: {env_id}: {one_line(error)}") from error
+    for message in messages:
+        print(f"raysim: {env_id}: {message}", flush=True)
+    try:
+        ActorCritic(env.observation_spaces, env.action_space, config.model)
+    except ValueError as error:
+        raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
+    finally:
+        env.close()
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an error's message (Gymnasium's and the tasks' messages can run on)."""
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]

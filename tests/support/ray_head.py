@@ -1,0 +1,90 @@
+"""A ``ray start --head`` of a test's own: free ports, its own temp dir and token, stopped by its own pids.
+
+    with RayHead(num_cpus=2) as head:
+        subprocess.run([...], env=head.env)      # clients: RAY_ADDRESS not set; head.address to attach
+
+``ray stop`` would end every Ray on the machine, other jobs' too; ``stop`` ends only the processes whose
+command line names this head's temp dir (the raylet's agents included).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RayHead:
+    """A token-authenticated Ray head on free ports; ``env`` is what a client process needs."""
+
+    def __init__(self, num_cpus: int = 2, dashboard: bool = False, resources: str | None = None):
+        self.base = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: Ray's socket paths have a length limit
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYSIM_FAULT_AT")}
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_TMPDIR=self.base)
+        self.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), self.env.get("PATH", "")])
+        self.command = [
+            RAY,
+            "start",
+            "--head",
+            "--port",
+            str(self.port),
+            "--num-cpus",
+            str(num_cpus),
+            "--temp-dir",
+            os.path.join(self.base, "ray"),
+            "--disable-usage-stats",
+        ]
+        if dashboard:
+            self.command += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port)]
+        else:
+            self.command += ["--include-dashboard=false"]
+        if resources:
+            self.command += ["--resources", resources]
+        for flag in (
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--metrics-export-port",
+            "--runtime-env-agent-port",
+            "--ray-client-server-port",
+        ):
+            self.command += [flag, str(free_port())]  # no clash with another Ray on this machine
+
+    def __enter__(self) -> RayHead:
+        subprocess.run(self.command, check=True, capture_output=True, text=True, env=self.env, timeout=120)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End this head's processes only (by the temp dir in their command lines)."""
+        for attempt in range(2):
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                    continue
+                try:
+                    cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if self.base in cmdline:
+                    try:
+                        os.kill(int(proc.name), signal.SIGTERM if attempt == 0 else signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            time.sleep(2)

@@ -1,0 +1,108 @@
+"""Short resources: a run that cannot fit says so within seconds, with the numbers; nothing waits silently.
+
+Against a real ``ray start --head`` with 2 CPUs on free ports (its own temp dir and token), in subprocesses:
+the driver attaches to that head, not to the test session's Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.ray_head import RayHead
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = [
+    "--set",
+    "env.num_envs=4",
+    "--set",
+    "algo.num_steps=32",
+    "--set",
+    "algo.num_minibatches=2",
+    "--set",
+    "train.total_steps=256",
+    "--set",
+    "eval.episodes=2",
+    "--set",
+    "eval.num_envs=2",
+]
+
+
+@pytest.fixture(scope="module")
+def head():
+    with RayHead(num_cpus=2) as started:
+        yield started
+
+
+def raysim(args: list[str], env: dict, cwd: Path, timeout: int = 240) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)}
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "raysim", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    return done, time.monotonic() - start
+
+
+def test_a_run_too_big_for_a_cluster_that_cannot_grow_fails_at_once_with_the_numbers(head, tmp_path):
+    done, seconds = raysim(["train", "--address", head.address, *TINY], head.env, tmp_path)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    err = done.stderr
+    assert "this run needs 3 CPU and the cluster has 2 CPU" in err and "no autoscaler to add more" in err
+    assert "learner ranks: 1 x (1 CPU)" in err and "shards.num_cpus" in err and "Traceback" not in err
+    assert seconds < 60 and not any(tmp_path.iterdir())  # no run directory for a run that never started
+
+
+def test_the_same_run_fits_after_lowering_what_its_roles_ask_for(head, tmp_path):
+    lower = ["--set", "shards.num_cpus=0.5", "--set", "learner.num_cpus=0.5", "--run-dir", str(tmp_path / "run")]
+    done, _ = raysim(["train", "--address", head.address, *TINY, *lower], head.env, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "done: 256 env steps" in done.stdout
+
+
+def test_plain_raysim_train_attaches_to_the_cluster_running_on_this_machine(head, tmp_path):
+    lower = ["--set", "shards.num_cpus=0.5", "--set", "learner.num_cpus=0.5", "--run-dir", str(tmp_path / "run")]
+    done, _ = raysim(["train", *TINY, *lower], head.env, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "attaching to the Ray cluster running on this machine at " in done.stdout
+    assert f":{head.port} (--address local starts an embedded one instead)" in done.stdout
+
+
+def test_address_local_starts_an_embedded_ray_beside_a_running_cluster(head, tmp_path):
+    done, _ = raysim(["train", "--address", "local", *TINY, "--run-dir", str(tmp_path / "run")], head.env, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "attaching" not in done.stdout and "Started a local Ray instance" in done.stdout + done.stderr
+
+
+def test_an_unreachable_address_is_an_error_within_seconds(tmp_path):
+    done, seconds = raysim(["train", "--address", "127.0.0.1:1", *TINY], dict(os.environ), tmp_path)
+    assert done.returncode == 2 and "no Ray cluster answers at 127.0.0.1:1" in done.stderr, done.stderr
+    assert seconds < 30 and len(done.stderr.strip().splitlines()) <= 2
+
+
+def test_a_job_submission_address_given_to_attach_is_explained(tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:8265"}
+    done, _ = raysim(["train", *TINY], env, tmp_path)
+    assert done.returncode == 2 and "is a dashboard / job-submission address" in done.stderr, done.stderr
+    assert "ray job submit" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_attaching_to_a_token_cluster_without_the_token_says_what_to_set(head, tmp_path):
+    env = {k: v for k, v in head.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    env["HOME"] = str(tmp_path)  # no ~/.ray/auth_token either
+    done, _ = raysim(["train", "--address", head.address, *TINY], env, tmp_path, timeout=180)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "requires token authentication: set RAY_AUTH_MODE=token" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_embedded_ray_has_room_for_every_learner_rank(tmp_path):
+    ranks = ["--set", "learner.ranks=2", "--set", "shards.count=2", "--run-dir", str(tmp_path / "run")]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rse", dir="/tmp")  # short (socket paths); no cluster to attach to
+    done, _ = raysim(["train", "--address", "local", *TINY, *ranks], env, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
