@@ -230,3 +230,22 @@ def test_a_few_inputs_in_a_real_subprocess_too(tmp_path):
         )
         assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) <= 2 and not any(tmp_path.iterdir())
+
+
+def test_a_box_action_space_raises_no_torch_warning_and_an_envs_start_up_message_is_kept_once(capfd):
+    import importlib.util
+    import warnings
+
+    from raysim.rollout import EnvShard
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shard = EnvShard("gym:Pendulum-v1", 2, seed=0)
+        shard.rollout({"version": 0, "actor": shard.actor.state_dict()}, 4)
+    assert not [w for w in caught if "not writable" in str(w.message)]
+    if importlib.util.find_spec("mujoco") is None:
+        pytest.skip("MuJoCo is not installed")
+    capfd.readouterr()
+    shard = EnvShard("gym:HalfCheetah-v5", 3, seed=0)  # MuJoCo prints a deprecation per env it builds
+    assert capfd.readouterr().err == ""  # nothing reaches the console from the shard...
+    assert len(shard.messages) == 1 and "settotalmass" in shard.messages[0]  # ...it is kept, once
