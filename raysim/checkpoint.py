@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from raysim.storage import RunStorage, Staging
+from raysim.storage import RunStorage, Staging, open_storage
 
 ROOT = "checkpoints"
 MANIFEST, STATE, META, SCORE = "manifest.json", "state.pt", "meta.json", "score.json"
@@ -253,38 +253,56 @@ def sha256(data: bytes) -> str:
 # -- by path (the commands that take a run directory or a checkpoint directory) -----------------------
 
 
-def save_checkpoint(run_dir: str | Path, iteration: int, state: dict, meta: dict, keep_last: int = 3) -> Path:
-    """Save checkpoint ``iteration`` of the run in ``run_dir`` and prune; its directory."""
-    checkpoints = Checkpoints(RunStorage(run_dir))
+def _at(storage: RunStorage, rel: str) -> str | Path:
+    """``rel`` of a run as a ``Path`` when the run is local, else as a URI."""
+    return Path(storage.path(rel)) if storage.is_local else storage.path(rel)
+
+
+def split_checkpoint(location: str | Path) -> tuple[str, Checkpoint] | None:
+    """``(run location, checkpoint)`` when ``location`` is a checkpoint directory (``.../checkpoints/<name>``)."""
+    text = str(location).rstrip("/")
+    run, _, name = text.rpartition("/")
+    run, _, folder = run.rpartition("/")
+    match = _NAME.match(name)
+    if not match or folder != ROOT:
+        return None
+    return run, Checkpoint(int(match[1]), int(match[2] or 0), name)
+
+
+def save_checkpoint(run_dir: str | Path, iteration: int, state: dict, meta: dict, keep_last: int = 3) -> str | Path:
+    """Save checkpoint ``iteration`` of the run at ``run_dir`` and prune; where it is."""
+    storage = open_storage(str(run_dir))
+    checkpoints = Checkpoints(storage)
     checkpoint = checkpoints.save(iteration, state, meta)
     checkpoints.prune(keep_last)
-    return Path(run_dir) / checkpoint.rel
+    return _at(storage, checkpoint.rel)
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(state, meta)`` of the checkpoint directory ``path``, verified."""
-    path = Path(path)
-    match = _NAME.match(path.name)
-    if not match:
+    """``(state, meta)`` of the checkpoint directory ``path`` (local or a URI), verified."""
+    found = split_checkpoint(path)
+    if found is None:
         raise CheckpointError(f"{path} is not a checkpoint directory (checkpoints/<iteration>)")
-    checkpoint = Checkpoint(int(match[1]), int(match[2] or 0), path.name)
-    return Checkpoints(RunStorage(path.parent.parent)).load(checkpoint)
+    run, checkpoint = found
+    return Checkpoints(open_storage(run)).load(checkpoint)
 
 
-def load_latest(run_dir: str | Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-    """The newest intact checkpoint of a run: ``(path, state, meta)``; damaged ones are skipped, said so."""
-    checkpoint, state, meta = Checkpoints(RunStorage(run_dir)).newest_intact()
-    return Path(run_dir) / checkpoint.rel, state, meta
+def load_latest(run_dir: str | Path) -> tuple[str | Path, dict[str, Any], dict[str, Any]]:
+    """The newest intact checkpoint of a run: ``(where, state, meta)``; damaged ones are skipped, said so."""
+    storage = open_storage(str(run_dir))
+    checkpoint, state, meta = Checkpoints(storage).newest_intact()
+    return _at(storage, checkpoint.rel), state, meta
 
 
-def locate_checkpoint(path: str | Path) -> tuple[Path, Path, dict[str, Any], dict[str, Any]]:
-    """``(run_dir, checkpoint_dir, state, meta)`` for a run directory (its newest intact checkpoint, falling
-    back past damaged ones) or a checkpoint directory (exactly that one, verified)."""
-    path = Path(path)
-    if _NAME.match(path.name) and path.parent.name == ROOT:
-        state, meta = load_checkpoint(path)
-        return path.parent.parent, path, state, meta
-    if not (path / "configs" / "train.yaml").is_file():
+def locate_checkpoint(path: str | Path) -> tuple[RunStorage, Checkpoint, dict[str, Any], dict[str, Any]]:
+    """``(the run's storage, checkpoint, state, meta)`` for a run directory (its newest intact checkpoint,
+    falling back past damaged ones) or a checkpoint directory (exactly that one, verified); local or a URI."""
+    found = split_checkpoint(path)
+    if found is not None:
+        storage = open_storage(found[0])
+        return storage, found[1], *Checkpoints(storage).load(found[1])
+    storage = open_storage(str(path))
+    if not storage.exists("configs/train.yaml"):
         raise FileNotFoundError(f"{path} is neither a run directory (configs/train.yaml) nor a checkpoint directory")
-    checkpoint_dir, state, meta = load_latest(path)
-    return path, checkpoint_dir, state, meta
+    checkpoint, state, meta = Checkpoints(storage).newest_intact()
+    return storage, checkpoint, state, meta

@@ -22,6 +22,7 @@ from raysim.algos.ppo import PPOConfig
 from raysim.composition import ConfigError, expand, read_yaml, safe_load
 from raysim.models import ModelConfig
 from raysim.schema import setting, violations
+from raysim.storage import RunStorage
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "cartpole_ppo.yaml"
@@ -208,6 +209,15 @@ def load_resume_config(run_dir: Path, path: str | Path | None, overrides: list[s
         run["env"] = {**{k: v for k, v in run["env"].items() if k != "component"}, "component": str(file)}
         return config_from_data(run, snapshot, overrides)
     return config_from_data(data, file, overrides)
+
+
+def load_run_config(storage: RunStorage, overrides: list[str] | None = None) -> Config:
+    """A run's own config snapshot (``configs/train.yaml``, its env and task resources beside it; copied here
+    first when the run is on a remote filesystem); ``run_dir`` is the run's location."""
+    root = storage.local_copy("configs", "resources")
+    config = load_config(root / "configs" / "train.yaml", overrides)
+    config.run_dir = storage.location
+    return config
 
 
 def check_config(config: Config, where: str = "config") -> None:

@@ -18,6 +18,7 @@ from statistics import NormalDist
 
 from raysim.actors import Backend, Handle, InputLost
 from raysim.config import EvalConfig
+from raysim.records import records_table
 from raysim.rollout import EnvShard, EvalEpisodes
 from raysim.storage import write_parquet
 
@@ -192,17 +193,8 @@ def evaluate_on_shards(
 
 
 def write_records(path: str | Path, records: list[dict]) -> None:
-    """Write episode records to Parquet (atomically: a temporary file, then rename)."""
-    import pyarrow as pa
-
-    columns = list(dict.fromkeys(k for record in records for k in record)) or [
-        "row",
-        "episode",
-        "seed",
-        "return",
-        "length",
-    ]
-    write_parquet(path, pa.table({k: [record.get(k) for record in records] for k in columns}))
+    """Write episode records to a local Parquet file (atomically: a temporary file, then rename)."""
+    write_parquet(path, records_table(records))
 
 
 def format_report(report: EvalReport) -> str:

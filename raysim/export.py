@@ -83,11 +83,14 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
     """
     import raysim.envs
     from raysim.checkpoint import CheckpointError, locate_checkpoint
-    from raysim.config import load_config
+    from raysim.config import load_run_config
 
-    run_dir, checkpoint, state, meta = locate_checkpoint(path)  # past damaged checkpoints
-    config = load_config(run_dir / "configs" / "train.yaml")
-    env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
+    storage, checkpoint, state, meta = locate_checkpoint(path)  # past damaged checkpoints
+    try:
+        config = load_run_config(storage)
+        env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
+    finally:
+        storage.close()  # the local copy of a remote run's configs
     try:
         actor = Actor(env.observation_spaces, env.action_space, config.model)
         observation_space, action_space = env.observation_spaces["policy"], env.action_space
@@ -100,7 +103,7 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
     policy = DeterministicPolicy(actor).eval()
     info = {
         "env_id": config.env.id,
-        "checkpoint": str(checkpoint),
+        "checkpoint": storage.path(checkpoint.rel),
         "iteration": meta.get("iteration"),
         "observation_shape": list(observation_space.shape),
         "action_space": str(action_space),

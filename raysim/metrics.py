@@ -6,28 +6,28 @@ through a ``SinkSet``:
 
 - ``console``: a progress bar toward the step budget, redrawn in place on a terminal; plain lines
   (no control characters) when the output is not a terminal, e.g. under ``ray job submit``;
-- ``parquet``: ``metrics.parquet``, one row per log step, every column float64, columns sorted by
-  name (a column that appears later is null in the earlier rows); a resumed run continues it;
+- ``parquet``: ``metrics/``, one row per log step, every column float64, columns sorted by name (a
+  column that appears later is null in the earlier rows); a resumed run continues it
+  (``raysim.records.read_metrics`` reads it);
 - ``tensorboard``: event files under ``tb/`` (``torch.utils.tensorboard``), x axis the env steps.
 
 A sink that fails is reported once on stderr, naming it, and keeps being offered every later
-record; the other sinks still get every record. The Parquet sink keeps every row in memory and
-rewrites the whole file at each log step, so a failed write loses nothing: the next write (or
-``close``) retries it.
+record; the other sinks still get every record. The Parquet sink keeps the rows it has not written
+yet, so a failed write loses nothing: the next flush (or ``close``) retries it.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from raysim.config import SINKS
-from raysim.storage import write_parquet
+from raysim.records import LEGACY_METRICS, append_metrics, metric_parts, read_metrics, write_metrics
+from raysim.storage import RunStorage
 
 Record = dict[str, float]
 
@@ -90,64 +90,73 @@ class ConsoleSink:
 
 
 class ParquetSink:
-    """``metrics.parquet``: one row per log step, rewritten atomically at each step.
+    """The run's metrics rows in Parquet (``raysim.records``): one row per log step.
 
     Every column is float64 and the columns are sorted by name, so the schema does not depend on
-    the order in which metrics first appear; a metric missing from a row is null there. A resumed
-    run continues the same file: rows up to the resumed iteration are kept, later ones (logged
-    after the checkpoint the run resumed from) are dropped. Every row stays in memory, so a failed
-    write is retried by the next one and by ``close``.
+    the order in which metrics first appear; a metric missing from a row is null there. Rows are
+    buffered and written as a new part every ``flush_seconds``, before every checkpoint (``flush``)
+    and at the end (then the parts are merged into one). A resumed run continues the same rows: those
+    up to the resumed iteration are kept, later ones (logged after its checkpoint) are dropped. A
+    failed write keeps the rows for the next one.
     """
 
     name = "parquet"
 
-    def __init__(self, path: str | Path, keep_until: int = 0):
-        self.path = Path(path)
-        self.rows: list[Record] = []
-        self.dirty = False
-        if keep_until and self.path.exists():
-            rows = pq.read_table(self.path).to_pylist()
-            self.rows = [r for r in rows if (r.get("iteration") or 0) <= keep_until]
+    def __init__(self, storage: RunStorage, keep_until: int | None = None, flush_seconds: float = 10.0):
+        self.storage, self.flush_seconds = storage, flush_seconds
+        self.buffer: list[Record] = []
+        self.flushed = time.monotonic()
+        if keep_until is not None:
+            self.rewind(keep_until, 0)
 
     def write(self, record: Record) -> None:
-        self.rows.append({k: float(v) for k, v in record.items()})
-        self.dirty = True
-        self.flush()
+        self.buffer.append({k: float(v) for k, v in record.items()})
+        if time.monotonic() - self.flushed >= self.flush_seconds:
+            self.flush()
 
     def flush(self) -> None:
-        columns = sorted({k for row in self.rows for k in row})
-        write_parquet(
-            self.path, pa.table({k: pa.array([row.get(k) for row in self.rows], pa.float64()) for k in columns})
-        )
-        self.dirty = False
+        if self.buffer:
+            append_metrics(self.storage, self.buffer)
+            self.buffer = []
+        self.flushed = time.monotonic()
 
     def close(self) -> None:
-        if self.dirty:
-            self.flush()
+        self.flush()
+        if len(metric_parts(self.storage)) > 1:  # one file for the whole run
+            write_metrics(self.storage, read_metrics(self.storage))
 
     def rewind(self, iteration: int, env_steps: int) -> None:
         """The run continues from ``iteration``: the rows after it are dropped (they will be logged again)."""
-        self.rows = [r for r in self.rows if (r.get("iteration") or 0) <= iteration]
         self.flush()
+        rows = read_metrics(self.storage)
+        kept = [r for r in rows if (r.get("iteration") or 0) <= iteration]
+        if len(kept) < len(rows) or self.storage.exists(LEGACY_METRICS):
+            write_metrics(self.storage, kept)
 
 
 class TensorBoardSink:
-    """TensorBoard event files in ``log_dir`` (the run's ``tb/``); every metric against the env steps.
+    """TensorBoard event files in the run's ``tb/``; every metric against the env steps.
 
-    A resumed run passes ``purge_step`` (its env steps + 1): TensorBoard then hides the events a
-    previous process logged after the checkpoint the run resumed from.
+    On a remote run directory the events are written to a local directory and copied to ``tb/`` at
+    every ``flush`` (before checkpoints) and at the end. A resumed run passes ``purge_step`` (its env
+    steps + 1): TensorBoard then hides the events a previous process logged after that checkpoint.
     """
 
     name = "tensorboard"
 
-    def __init__(self, log_dir: str | Path, purge_step: int | None = None):
+    def __init__(self, storage: RunStorage, purge_step: int | None = None):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # torch's writer needs the tensorboard package
             raise ImportError(
                 f"the tensorboard package is not importable ({error}); pip install tensorboard"
             ) from error
-        self.log_dir, self.SummaryWriter = str(log_dir), SummaryWriter
+        self.storage, self.SummaryWriter = storage, SummaryWriter
+        if storage.is_local:
+            self.log_dir, self.mirror = storage.path("tb"), None
+        else:
+            self.mirror = tempfile.mkdtemp(prefix="raysim-tb-")
+            self.log_dir = self.mirror
         self.writer = SummaryWriter(self.log_dir, purge_step=purge_step or None)
 
     def write(self, record: Record) -> None:
@@ -157,8 +166,17 @@ class TensorBoardSink:
                 self.writer.add_scalar(tag(key), value, global_step=step)
         self.writer.flush()
 
+    def flush(self) -> None:
+        if self.mirror is not None:
+            self.writer.flush()
+            self.storage.upload(Path(self.mirror), "tb")
+
     def close(self) -> None:
         self.writer.close()
+        if self.mirror is not None:
+            self.storage.upload(Path(self.mirror), "tb")
+            shutil.rmtree(self.mirror, ignore_errors=True)
+            self.mirror = None
 
     def rewind(self, iteration: int, env_steps: int) -> None:
         """The run continues from ``env_steps``: TensorBoard hides the events logged after them."""
@@ -197,6 +215,16 @@ class SinkSet:
                 sink.write(dict(record))
             except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
                 self.failed(name, "write", error)
+
+    def flush(self) -> None:
+        """Every sink that buffers writes what it holds (before a checkpoint: the rows it covers are durable)."""
+        for name, sink in self.sinks:
+            flush = getattr(sink, "flush", None)
+            if flush is not None:
+                try:
+                    flush()
+                except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
+                    self.failed(name, "flush", error)
 
     def rewind(self, iteration: int, env_steps: int) -> None:
         """The run continues from an earlier iteration (a learner restarted from an older checkpoint):
@@ -239,19 +267,18 @@ def sink_name(sink: Any) -> str:
 
 def make_sinks(
     names: list[str],
-    run_dir: str | Path,
+    storage: RunStorage,
     total_steps: int,
     keep_until: int = 0,
     env_steps: int = 0,
     errors: TextIO | None = None,
 ) -> SinkSet:
-    """The sinks of ``train.sinks`` for ``run_dir`` (a resumed run: ``keep_until`` its iteration and
-    ``env_steps``). A sink that cannot be created is reported once on stderr and left out."""
-    run_dir = Path(run_dir)
+    """The sinks of ``train.sinks`` for the run in ``storage`` (a resumed run: ``keep_until`` its iteration
+    and ``env_steps``). A sink that cannot be created is reported once on stderr and left out."""
     factories = {
         "console": lambda: ConsoleSink(total_steps),
-        "parquet": lambda: ParquetSink(run_dir / "metrics.parquet", keep_until=keep_until),
-        "tensorboard": lambda: TensorBoardSink(run_dir / "tb", purge_step=env_steps + 1 if env_steps else None),
+        "parquet": lambda: ParquetSink(storage, keep_until=keep_until),
+        "tensorboard": lambda: TensorBoardSink(storage, purge_step=env_steps + 1 if env_steps else None),
     }
     sinks = []
     for name in names:

@@ -7,15 +7,17 @@ Only the command line imports this module: envs, rollout, algos and the trainer 
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import yaml
 
 from raysim.evaluation import wilson
+from raysim.records import read_metrics, read_table
+from raysim.storage import RunStorage, open_storage
 
 LOSSES = ("pg_loss", "v_loss", "kl", "entropy")  # the loss panels, in order, where the run has them
 TIMES = ("time_collect", "time_update", "time_eval", "time_checkpoint")
@@ -34,28 +36,28 @@ class EvalPoint:
     interval: tuple[float, float] | None
 
 
-def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
-    """``metrics.parquet`` as columns (float arrays, NaN where a row has no value), sorted by iteration."""
-    path = run_dir / "metrics.parquet"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {run_dir} a raysim run directory?")
-    rows = pq.read_table(path).to_pylist()
+def metric_columns(storage: RunStorage) -> dict[str, np.ndarray]:
+    """The metrics rows as columns (float arrays, NaN where a row has no value), sorted by iteration."""
+    rows = read_metrics(storage)
+    if not rows:
+        raise FileNotFoundError(f"{storage.path()} has no metrics rows: is it a raysim run directory?")
     rows.sort(key=lambda r: r.get("iteration") or 0)
     keys = {k for row in rows for k in row}
     return {k: np.array([math.nan if row.get(k) is None else float(row[k]) for row in rows]) for k in keys}
 
 
-def read_evaluations(run_dir: Path, metrics: dict[str, np.ndarray], confidence: float) -> list[EvalPoint]:
+def read_evaluations(storage: RunStorage, metrics: dict[str, np.ndarray], confidence: float) -> list[EvalPoint]:
     """Every ``eval/<iteration>.parquet``: k / c with its Wilson interval, placed at its env steps."""
     files = []
-    for path in (run_dir / "eval").glob("*.parquet"):
-        if path.stem.isdigit():
-            files.append((int(path.stem), path))
+    for name in storage.list("eval"):
+        stem = name.removesuffix(".parquet")
+        if name.endswith(".parquet") and stem.isdigit():
+            files.append((int(stem), f"eval/{name}"))
     iterations = np.concatenate([[0.0], metrics.get("iteration", np.zeros(0))])
     steps = np.concatenate([[0.0], metrics.get("env_steps", np.zeros(0))])
     points = []
     for iteration, path in sorted(files):
-        records = pq.read_table(path).to_pylist()
+        records = read_table(storage, path).to_pylist()
         returns = [float(r["return"]) for r in records if r.get("return") is not None]
         has_success = bool(records) and all(r.get("success") is not None for r in records)
         k = sum(bool(r["success"]) for r in records) if has_success else None
@@ -73,32 +75,31 @@ def read_evaluations(run_dir: Path, metrics: dict[str, np.ndarray], confidence: 
     return points
 
 
-def eval_confidence(run_dir: Path) -> float:
+def eval_confidence(storage: RunStorage) -> float:
     """The run's ``eval.confidence`` (0.95 when the snapshot does not say)."""
     try:
-        config = yaml.safe_load((run_dir / "configs" / "train.yaml").read_text()) or {}
+        config = yaml.safe_load(storage.read("configs/train.yaml")) or {}
         return float((config.get("eval") or {}).get("confidence", 0.95))
     except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError):
         return 0.95
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 80) -> Path:
-    """Draw the run's curves into ``out`` (default ``RUN_DIR/plots.png``); returns the path written."""
+def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 80) -> str:
+    """Draw the run's curves into ``out`` (default ``RUN_DIR/plots.png``, a local path or a URI); where."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    run_dir = Path(run_dir)
-    out = Path(out) if out is not None else run_dir / "plots.png"
-    metrics = read_metrics(run_dir)
-    confidence = eval_confidence(run_dir)
-    evaluations = read_evaluations(run_dir, metrics, confidence)
+    storage = open_storage(str(run_dir))
+    metrics = metric_columns(storage)
+    confidence = eval_confidence(storage)
+    evaluations = read_evaluations(storage, metrics, confidence)
     x = metrics.get("env_steps", np.arange(len(next(iter(metrics.values()), []))))
 
     figure = Figure(figsize=(12, 7), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
     grid = figure.add_gridspec(2, 3)
-    figure.suptitle(f"raysim run {run_dir.resolve().name}")
+    figure.suptitle(f"raysim run {storage.location.rstrip('/').rpartition('/')[2]}")
 
     curve = figure.add_subplot(grid[0, :2])
     draw_returns(curve, x, metrics, evaluations)
@@ -119,9 +120,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 80) 
     for axes in figure.axes:  # compact env-step ticks (10k, 1.5M), few enough for the narrow panels
         axes.xaxis.set_major_locator(MaxNLocator(5))
         axes.xaxis.set_major_formatter(FuncFormatter(steps_label))
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if out is None:  # beside the run, wherever it is
+        buffer = io.BytesIO()
+        figure.savefig(buffer, dpi=dpi, format="png")
+        storage.write("plots.png", buffer.getvalue())
+        return storage.path("plots.png")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=dpi)
-    return out
+    return str(out)
 
 
 def steps_label(value: float, _position: object = None) -> str:

@@ -19,7 +19,8 @@ from raysim.checkpoint import (
     sha256,
 )
 from raysim.envs import make
-from raysim.storage import RunStorage, Staging
+from raysim.storage import LocalStorage, Staging
+from raysim.storage.local import LocalStaging
 
 
 def state(value: float) -> dict:
@@ -27,7 +28,7 @@ def state(value: float) -> dict:
 
 
 def store(tmp_path) -> Checkpoints:
-    return Checkpoints(RunStorage(tmp_path))
+    return Checkpoints(LocalStorage(tmp_path))
 
 
 def test_a_checkpoint_round_trips_and_carries_a_manifest_with_every_files_hash(tmp_path):
@@ -46,7 +47,7 @@ def test_a_checkpoint_round_trips_and_carries_a_manifest_with_every_files_hash(t
 
 def test_a_failed_save_keeps_the_previous_checkpoint_and_leaves_no_partial_directory(tmp_path, monkeypatch):
     save_checkpoint(tmp_path, 1, state(1.0), {})
-    real = Staging.write
+    real = LocalStaging.write
 
     def full_disk(self, name, data):
         if name == "state.pt":
@@ -54,7 +55,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_leaves_no_partial_direc
             raise OSError(28, "No space left on device")
         real(self, name, data)
 
-    monkeypatch.setattr(Staging, "write", full_disk)
+    monkeypatch.setattr(LocalStaging, "write", full_disk)
     with pytest.raises(OSError, match="No space left"):
         save_checkpoint(tmp_path, 2, state(2.0), {})
     monkeypatch.undo()
@@ -209,10 +210,10 @@ def test_pruning_keeps_the_newest_and_the_best_scored_checkpoint_and_scores_only
 
 def test_the_rename_and_the_checkpoint_directory_are_fsynced(tmp_path, monkeypatch):
     synced = []
-    import raysim.storage
+    import raysim.storage.local
 
-    real = raysim.storage.fsync_dir
-    monkeypatch.setattr(raysim.storage, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
+    real = raysim.storage.local.fsync_dir
+    monkeypatch.setattr(raysim.storage.local, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
     path = save_checkpoint(tmp_path, 1, state(1.0), {})
     staged = [s for s in synced if os.path.basename(s).startswith(f"{Staging.PREFIX}1-")]
     assert staged and synced.index(staged[0]) < synced.index(str(path.parent))  # the files, then the rename

@@ -117,7 +117,7 @@ EVAL_CASES = [
     (["eval", "run", "--envs-per-shard", "0"], "argument --envs-per-shard: must be an integer >= 1, got 0"),
     (["eval", "no-such-run"], "no-such-run is neither a run directory"),
     (["resume", "no-such-run"], "no-such-run has no checkpoint"),
-    (["plot", "no-such-run"], "not found"),
+    (["plot", "no-such-run"], "no-such-run has no metrics rows"),
 ]
 
 

@@ -100,5 +100,5 @@ def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path)
         assert "iter    2 | steps" in logs and "done: 1,024 env steps" in logs
         progress = [line for line in logs.split("\n") if "| steps" in line]
         assert progress and all("\r" not in line and "\x1b" not in line for line in progress)  # plain lines
-        assert (run_dir / "configs" / "train.yaml").is_file() and (run_dir / "metrics.parquet").is_file()
+        assert (run_dir / "configs" / "train.yaml").is_file() and any((run_dir / "metrics").iterdir())
         assert any((run_dir / "checkpoints").iterdir())

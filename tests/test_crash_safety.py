@@ -19,7 +19,8 @@ from raysim.cli import main
 from raysim.config import ConfigError
 from raysim.coordinator import Trainer
 from raysim.coordinator.trainer import RunFailed
-from raysim.storage import RunLock, RunLockedError, RunStorage
+from raysim.records import read_metrics
+from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 # 1 shard x 4 rows x 32 steps = 128 env steps per iteration, 6 iterations; evaluations at 2 and 4 (saved),
@@ -61,12 +62,12 @@ def train_cli(run_dir: Path, *extra: str, fault: str | None = None, local: bool 
 
 
 def rows(run_dir: Path) -> list[dict]:
-    table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    table = read_metrics(open_storage(run_dir))
     return [{k: v for k, v in row.items() if k not in TIMING} for row in table]
 
 
 def newest(run_dir: Path):
-    return Checkpoints(RunStorage(run_dir)).newest_intact(announce=False)
+    return Checkpoints(LocalStorage(run_dir)).newest_intact(announce=False)
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +222,7 @@ def test_the_best_checkpoint_is_one_whose_own_weights_were_evaluated(tmp_path):
         "train.total_steps=1280",
     ]
     Trainer(raysim.load_config(None, [*overrides, f"run_dir={run_dir}"])).train()
-    checkpoints = Checkpoints(RunStorage(run_dir))
+    checkpoints = Checkpoints(LocalStorage(run_dir))
     kept = checkpoints.list()
     scored = {c.iteration: checkpoints.score(c) for c in kept if checkpoints.score(c) is not None}
     assert kept[-1].iteration == 10 and set(scored) <= {3, 6, 9, 10} and scored  # evaluated iterations only
@@ -277,7 +278,7 @@ def test_resuming_with_other_row_counts_starts_fresh_episodes_and_a_different_mo
 def test_a_second_process_on_the_same_run_directory_is_refused_naming_the_holder(tmp_path):
     run_dir = tmp_path / "run"
     Trainer(raysim.load_config(None, [*TINY, "backend=local", "train.stop_after=1", f"run_dir={run_dir}"])).train()
-    holder = RunLock(RunStorage(run_dir))
+    holder = RunLock(LocalStorage(run_dir))
     holder.acquire()
     try:
         with pytest.raises(RunLockedError, match=rf"in use by process {os.getpid()} on host '{os.uname().nodename}'"):
@@ -289,7 +290,7 @@ def test_a_second_process_on_the_same_run_directory_is_refused_naming_the_holder
 
 
 def test_a_lock_left_by_a_dead_process_or_an_expired_lease_elsewhere_is_broken(tmp_path, capsys):
-    storage = RunStorage(tmp_path)
+    storage = LocalStorage(tmp_path)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     storage.write("lock.json", json.dumps({"host": os.uname().nodename, "pid": int(gone.stdout)}).encode())
     lock = RunLock(storage)
@@ -349,7 +350,7 @@ def test_a_full_disk_ends_the_run_with_a_message_and_the_previous_checkpoint_int
     message = str(failed.value)
     assert "saving iteration 4 failed: OSError: [Errno 28] No space left on device" in message
     assert f"the newest intact checkpoint is {run_dir}/checkpoints/2; after fixing the cause: raysim resume" in message
-    assert [c.name for c in Checkpoints(RunStorage(run_dir)).list()] == ["2"]
+    assert [c.name for c in Checkpoints(LocalStorage(run_dir)).list()] == ["2"]
     assert newest(run_dir)[1]["version"] == 2
 
 
@@ -368,6 +369,6 @@ def test_checkpoints_are_saved_by_wall_time_too(tmp_path):
         ],
     )
     Trainer(config).train()
-    assert [c.iteration for c in Checkpoints(RunStorage(run_dir)).list()] == [1, 2, 3, 4, 5, 6]
+    assert [c.iteration for c in Checkpoints(LocalStorage(run_dir)).list()] == [1, 2, 3, 4, 5, 6]
     defaults = raysim.load_config(None).checkpoint
     assert defaults.every > 0 and defaults.every_seconds > 0  # periodic checkpoints without being asked

@@ -17,6 +17,7 @@ import torch
 import raysim
 from raysim.checkpoint import locate_checkpoint
 from raysim.cli import main
+from raysim.config import load_run_config
 from raysim.models.networks import Actor
 from raysim.rollout.inference import inference
 
@@ -49,8 +50,8 @@ def raysim_actions(run_dir: Path, obs: torch.Tensor) -> torch.Tensor:
 
     With ``model.obs_norm`` the actor normalizes by its own (loaded) running statistics.
     """
-    run_dir, _, state, _ = locate_checkpoint(run_dir)
-    config = raysim.load_config(run_dir / "configs" / "train.yaml")
+    storage, _, state, _ = locate_checkpoint(run_dir)
+    config = load_run_config(storage)
     env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
     actor = Actor(env.observation_spaces, env.action_space, config.model)
     actor.load_state_dict({k[6:]: v for k, v in state["model"].items() if k.startswith("actor.")})

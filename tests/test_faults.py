@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import pyarrow.parquet as pq
 import torch
 
 import raysim
 from raysim.checkpoint import Checkpoints
 from raysim.coordinator import Trainer
 from raysim.metrics import ParquetSink
-from raysim.storage import RunStorage
+from raysim.records import read_metrics
+from raysim.storage import LocalStorage, open_storage
 from tests.support.crashing import lost_object
 
 SMALL = [
@@ -27,7 +27,7 @@ SMALL = [
 
 
 def rows(run_dir) -> list[dict]:
-    return pq.read_table(f"{run_dir}/metrics.parquet").to_pylist()
+    return read_metrics(open_storage(run_dir))
 
 
 def test_a_shard_killed_during_its_rollout_is_replaced_and_the_iteration_batch_is_exact(ray_session, tmp_path, capsys):
@@ -80,14 +80,14 @@ def run_with_fault(tmp_path, name: str, lose_ready: bool, *overrides: str) -> tu
     config = raysim.load_config(None, [*SMALL, *overrides, f"run_dir={run_dir}"])
     trainer = Trainer(config)
     sink = KillLearnerAt(trainer, 3, lose_ready)
-    trainer.sinks = [sink, ParquetSink(run_dir / "metrics.parquet")]
+    trainer.sinks = [sink, ParquetSink(open_storage(run_dir))]
     summary = trainer.train()
     sink.trainer = None  # the run's actors go with their last handle
     return sink, summary
 
 
 def final_weights(run_dir) -> dict:
-    return Checkpoints(RunStorage(run_dir)).newest_intact()[1]["model"]
+    return Checkpoints(LocalStorage(run_dir)).newest_intact()[1]["model"]
 
 
 def test_a_learner_that_dies_is_restarted_from_the_last_completed_iteration_and_nothing_is_lost(

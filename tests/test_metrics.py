@@ -15,7 +15,9 @@ import raysim
 import raysim.learner.learner
 from raysim.config import ConfigError
 from raysim.metrics import ConsoleSink, ParquetSink, SinkSet
+from raysim.records import metric_parts, read_metrics
 from raysim.rollout.shard import EnvShard
+from raysim.storage import open_storage
 
 # 1 shard x 4 rows x 32 steps = 128 env steps per iteration: 6 iterations
 TINY = [
@@ -177,36 +179,43 @@ def test_a_resumed_run_continues_the_same_parquet_file_with_the_same_schema(tmp_
     common = ("train.log_every=1", "eval.every=2")
     first = train(tmp_path, *common, "train.stop_after=4", "train.sinks=[parquet]", name="resumed")
     assert first.interrupted
-    path = tmp_path / "resumed" / "metrics.parquet"
-    schema = pq.read_schema(path)
-    assert [r["iteration"] for r in pq.read_table(path).to_pylist()] == [1, 2, 3, 4]
+    storage = open_storage(tmp_path / "resumed")
+    parts = metric_parts(storage)
+    assert len(parts) == 1  # merged into one file at the end of the process
+    schema = pq.read_schema(storage.path(parts[0][1]))
+    assert [r["iteration"] for r in read_metrics(storage)] == [1, 2, 3, 4]
     raysim.Trainer.from_run_dir(tmp_path / "resumed").train()
-    table = pq.read_table(path)
-    assert [r["iteration"] for r in table.to_pylist()] == [1, 2, 3, 4, 5, 6]
-    assert table.schema == schema
+    assert [r["iteration"] for r in read_metrics(storage)] == [1, 2, 3, 4, 5, 6]
+    assert pq.read_schema(storage.path(metric_parts(storage)[0][1])) == schema
     assert all(field.type == pa.float64() for field in schema)
     train(tmp_path, *common, "train.sinks=[parquet]", name="straight")
-    assert pq.read_schema(tmp_path / "straight" / "metrics.parquet") == schema
+    straight = open_storage(tmp_path / "straight")
+    assert pq.read_schema(straight.path(metric_parts(straight)[0][1])) == schema
     assert not (tmp_path / "resumed" / "tb").exists()  # only the sinks the config lists
 
 
-def test_parquet_columns_that_appear_later_are_null_before_and_a_failed_write_is_retried(tmp_path):
-    path = tmp_path / "metrics.parquet"
-    sink = ParquetSink(path)
+def test_parquet_columns_that_appear_later_are_null_before_and_a_failed_write_is_retried(tmp_path, monkeypatch):
+    storage = open_storage(tmp_path)
+    sink = ParquetSink(storage, flush_seconds=0)  # a part at every write
     sink.write({"iteration": 1, "env_steps": 10, "b": 0.5})
     sink.write({"iteration": 2, "env_steps": 20, "b": 0.25, "a": 3})
-    table = pq.read_table(path)
+    assert len(metric_parts(storage)) == 2  # a new part each flush: no growing file rewritten
+    sink.close()
+    (part,) = metric_parts(storage)  # merged at the end
+    table = pq.read_table(storage.path(part[1]))
     assert table.column_names == ["a", "b", "env_steps", "iteration"]
     assert table.to_pylist()[0] == {"a": None, "b": 0.5, "env_steps": 10.0, "iteration": 1.0}
 
-    blocker = path.with_name(f".{path.name}.tmp")
-    blocker.mkdir()  # the next write cannot create its temporary file
+    sink = ParquetSink(storage, flush_seconds=0)
+    real = storage.write
+    monkeypatch.setattr(storage, "write", lambda rel, data: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
         sink.write({"iteration": 3, "env_steps": 30, "b": 0.0})
-    blocker.rmdir()
+    monkeypatch.setattr(storage, "write", real)
     sink.close()  # retries the failed write: nothing lost
-    assert [r["iteration"] for r in pq.read_table(path).to_pylist()] == [1, 2, 3]
-    assert [r["iteration"] for r in ParquetSink(path, keep_until=2).rows] == [1, 2]
+    assert [r["iteration"] for r in read_metrics(storage)] == [1, 2, 3]
+    ParquetSink(storage, keep_until=2).close()  # a resume from iteration 2 drops the rows after it
+    assert [r["iteration"] for r in read_metrics(storage)] == [1, 2]
 
 
 def test_console_output_is_plain_lines_off_a_terminal_and_an_in_place_bar_on_one():
@@ -253,7 +262,7 @@ def test_a_real_run_prints_plain_lines_when_not_on_a_terminal_and_writes_tensorb
     events.Reload()
     steps = [e.step for e in events.Scalars("train/episode_return")]
     assert steps == [256, 512, 768]
-    rows = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
+    rows = read_metrics(open_storage(tmp_path / "run"))
     returns = [e.value for e in events.Scalars("train/episode_return")]
     assert returns == pytest.approx([r["episode_return"] for r in rows])
     assert "loss/pg_loss" in events.Tags()["scalars"] and "time/time_update" in events.Tags()["scalars"]

@@ -13,7 +13,8 @@ import raysim
 from raysim.cli import main
 from raysim.evaluation import wilson, write_records
 from raysim.metrics import ParquetSink
-from raysim.plot import plot_run, read_evaluations, read_metrics
+from raysim.plot import metric_columns, plot_run, read_evaluations
+from raysim.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -31,10 +32,10 @@ TINY = [
 ]
 
 
-def assert_real_png(path: Path) -> None:
+def assert_real_png(path: Path | str) -> None:
     import matplotlib.image
 
-    assert path.read_bytes()[:8] == PNG
+    assert Path(path).read_bytes()[:8] == PNG
     pixels = matplotlib.image.imread(path)
     assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 200
     flat = pixels[..., :3].reshape(-1, 3)
@@ -49,7 +50,8 @@ def test_raysim_plot_draws_a_png_from_a_real_run_with_evaluations(tmp_path, caps
     assert f"plot: {run_dir / 'plots.png'}" in capsys.readouterr().out
     assert_real_png(run_dir / "plots.png")
 
-    evaluations = read_evaluations(run_dir, read_metrics(run_dir), 0.95)
+    storage = open_storage(run_dir)
+    evaluations = read_evaluations(storage, metric_columns(storage), 0.95)
     assert [p.iteration for p in evaluations] == [2, 4, 6]  # eval.every=2, and the final one
     assert [p.env_steps for p in evaluations] == [256, 512, 768]
     assert all(p.completed == 4 and p.successes is None for p in evaluations)  # CartPole defines no success
@@ -60,7 +62,7 @@ def test_raysim_plot_draws_a_png_from_a_real_run_with_evaluations(tmp_path, caps
 
 
 def test_the_success_rate_panel_uses_k_over_c_with_wilson_intervals(tmp_path):
-    sink = ParquetSink(tmp_path / "metrics.parquet")
+    sink = ParquetSink(open_storage(tmp_path))
     for i in range(1, 5):
         sink.write(
             {
@@ -78,7 +80,8 @@ def test_the_success_rate_panel_uses_k_over_c_with_wilson_intervals(tmp_path):
             tmp_path / "eval" / f"{iteration}.parquet",
             [{"row": r, "episode": 0, "return": float(s), "length": 10, "success": s} for r, s in enumerate(successes)],
         )
-    points = read_evaluations(tmp_path, read_metrics(tmp_path), 0.9)
+    sink.close()
+    points = read_evaluations(open_storage(tmp_path), metric_columns(open_storage(tmp_path)), 0.9)
     assert [(p.iteration, p.env_steps, p.successes, p.completed) for p in points] == [(2, 200, 1, 4), (4, 400, 4, 5)]
     assert points[1].interval == pytest.approx(wilson(4, 5, 0.9))
     assert_real_png(plot_run(tmp_path))
@@ -86,7 +89,7 @@ def test_the_success_rate_panel_uses_k_over_c_with_wilson_intervals(tmp_path):
 
 def test_plot_of_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 2
-    assert "metrics.parquet not found" in capsys.readouterr().err
+    assert "has no metrics rows: is it a raysim run directory?" in capsys.readouterr().err
 
 
 def test_the_core_and_the_trainer_never_import_plotting():

@@ -6,7 +6,6 @@ import copy
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -15,7 +14,9 @@ from raysim.checkpoint import load_checkpoint, load_latest
 from raysim.config import ConfigError
 from raysim.envs import make
 from raysim.identity import env_identity
+from raysim.records import read_metrics
 from raysim.rollout.shard import EnvShard
+from raysim.storage import open_storage
 
 TINY = [
     "backend=local",
@@ -41,7 +42,7 @@ def write_declaration(folder: Path) -> Path:
 
 
 def metrics(run_dir: str | Path) -> list[dict]:
-    rows = pq.read_table(Path(run_dir) / "metrics.parquet").to_pylist()
+    rows = read_metrics(open_storage(run_dir))
     return [{k: v for k, v in row.items() if not k.startswith("time") and k != "steps_per_s"} for row in rows]
 
 

@@ -9,12 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 
 import raysim
 from raysim.checkpoint import load_checkpoint
 from raysim.coordinator import Summary
+from raysim.records import read_metrics as stored_rows
+from raysim.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"time", "steps_per_s", "time_collect", "time_update", "time_eval", "time_checkpoint"}  # the only
@@ -85,7 +86,7 @@ def test_the_python_api_trains_and_returns_a_summary(tmp_path):
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    rows = stored_rows(open_storage(run_dir))
     return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
 
 
@@ -159,5 +160,5 @@ def test_a_users_own_script_runs_the_trainer_on_its_own_ray(tmp_path):
     assert "evaluation: 2/2 episodes" in out
     assert f"run directory: {run_dir}" in out
     assert "ray still initialized after train(): True" in out
-    assert (run_dir / "metrics.parquet").is_file()
+    assert stored_rows(open_storage(run_dir))
     assert (run_dir / "checkpoints" / "2" / "state.pt").is_file()

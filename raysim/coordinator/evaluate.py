@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raysim.checkpoint import locate_checkpoint
-from raysim.config import load_config
+from raysim.config import Config, load_run_config
 from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.roles import create_shard
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
@@ -29,7 +29,7 @@ def evaluate(
     on_episode: Callable[[dict], None] | None = None,
 ) -> EvalReport:
     """Evaluate a run's latest checkpoint (or the given checkpoint directory); see ``raysim eval``."""
-    run_dir, _, state, meta = locate_checkpoint(run_dir_or_checkpoint)  # past damaged checkpoints
+    storage, _, state, meta = locate_checkpoint(run_dir_or_checkpoint)  # past damaged checkpoints
     overrides = [f"eval.episodes={episodes}", f"eval.deterministic={deterministic}", f"eval.balanced={balanced}"]
     for key, value in (
         ("eval.seed", seed),
@@ -39,11 +39,30 @@ def evaluate(
     ):
         if value is not None:
             overrides.append(f"{key}={value}")
-    config = load_config(run_dir / "configs" / "train.yaml", overrides)
+    try:
+        config = load_run_config(storage, overrides)
+        report = evaluate_config(config, state, meta, address, on_scored_episode, on_episode)
+    finally:
+        storage.close()  # the local copy of a remote run's configs
+    if out is not None:
+        write_records(out, report.records)
+    return report
+
+
+def evaluate_config(
+    config: Config,
+    state: dict,
+    meta: dict,
+    address: str | None,
+    on_scored_episode: Callable[[dict], None] | None = None,
+    on_episode: Callable[[dict], None] | None = None,
+) -> EvalReport:
+    """Evaluate the actor of a checkpoint's ``state`` as ``config.eval`` says, on fresh evaluation shards."""
     weights = {"version": int(meta.get("iteration", 0)), "actor": actor_state(state["model"])}
     runner, started = start_backend(config, address)
+    handles = []
     try:
-        handles = [create_shard(runner, config, i, evaluation=True) for i in range(config.eval.shards)]
+        handles += [create_shard(runner, config, i, evaluation=True) for i in range(config.eval.shards)]
         _, _, max_episode_steps = runner.get(handles[0].call(EnvShard.spaces))
         report = evaluate_on_shards(
             runner,
@@ -56,10 +75,10 @@ def evaluate(
             on_episode,
         )
     finally:
+        for handle in handles:
+            runner.kill(handle)
         if started:
             import ray
 
             ray.shutdown()
-    if out is not None:
-        write_records(out, report.records)
     return report

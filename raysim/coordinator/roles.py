@@ -8,6 +8,7 @@ from typing import Any
 from raysim.actors import Backend, Handle
 from raysim.config import Config
 from raysim.coordinator.cluster import ResourceError, describe_needs, needs
+from raysim.envs.registry import materialize
 from raysim.learner import LearnerGroup
 from raysim.rollout import EnvShard
 from raysim.seeding import derive_seed
@@ -43,7 +44,7 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
         num_envs,
         seed=seed,
         model=config.model,
-        env_kwargs=config.env.kwargs,
+        env_kwargs=materialize(config.env.id, config.env.kwargs),  # resources as arrays: no file read on a shard
         shard_index=index,
         on_nonfinite=config.env.on_nonfinite,
         options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},

@@ -15,43 +15,50 @@ import yaml
 from raysim.composition import ConfigError
 from raysim.config import Config, to_dict
 from raysim.envs.registry import export_resources
-from raysim.storage import write_atomically
+from raysim.storage import RunStorage, open_storage
 
 
-def choose_run_dir(config: Config) -> tuple[Path, str | None]:
+def choose_run_dir(config: Config) -> tuple[str, str | None]:
     """Where a new run goes (nothing is created yet) and a note when the default name was taken.
 
-    ``run_dir``, which must not hold anything yet (a run there is continued with ``raysim resume``),
-    or ``runs/<name>``, suffixed ``-1``, ``-2``, ... when taken.
+    ``run_dir`` (a local path or a URI), which must not hold anything yet (a run there is continued with
+    ``raysim resume``), or ``runs/<name>``, suffixed ``-1``, ``-2``, ... when taken.
     """
     if config.run_dir:
-        path = Path(config.run_dir)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            what = "holds a run" if (path / "configs" / "train.yaml").is_file() else "is not an empty directory"
-            hint = f"continue it with `raysim resume {path}`, or " if what == "holds a run" else ""
-            raise ConfigError(f"run_dir {path} {what}: {hint}choose another --run-dir")
-        return path, None
+        storage = open_storage(config.run_dir)
+        local = Path(config.run_dir)
+        if storage.is_local and local.exists() and not local.is_dir():
+            raise ConfigError(f"run_dir {config.run_dir} is a file: choose another --run-dir")
+        if storage.list(""):
+            holds = storage.exists("configs/train.yaml")
+            what = "holds a run" if holds else "is not an empty directory"
+            hint = f"continue it with `raysim resume {config.run_dir}`, or " if holds else ""
+            raise ConfigError(f"run_dir {config.run_dir} {what}: {hint}choose another --run-dir")
+        return storage.location, None
     base = Path("runs") / config.name
     path, n = base, 1
     while path.exists() and (not path.is_dir() or any(path.iterdir())):
         path, n = base.with_name(f"{base.name}-{n}"), n + 1
-    return path, (f"{base} is taken: this run writes {path}" if path != base else None)
+    return str(path), (f"{base} is taken: this run writes {path}" if path != base else None)
 
 
-def write_snapshot(run_dir: Path, config: Config) -> None:
+def write_snapshot(storage: RunStorage, config: Config) -> None:
     """Freeze the run's configs: ``gym.yaml`` (the env, its resources exported by the task's hook into
     ``resources/``, files relative to it, metadata verbatim) and ``train.yaml`` (the whole run config,
     its env a component reference to gym.yaml)."""
     env = to_dict(config.env)
-    exported = export_resources(env["id"], env["kwargs"] or {}, run_dir / "resources")
-    configs = run_dir / "configs"
-    gym = {"id": env["id"], "kwargs": relative_files(exported, configs), "metadata": config.env.metadata}
+    with storage.writing_dir("resources") as resources:
+        exported = export_resources(env["id"], env["kwargs"] or {}, resources)
+        configs = resources.parent / "configs"  # where the files are referenced from
+        kwargs = relative_files(exported, configs)
+    gym = {"id": env["id"], "kwargs": kwargs, "metadata": config.env.metadata}
     train = to_dict(config)
     train["train"]["stop_after"] = None  # runtime-only: a resume runs to the end unless told otherwise
     train["env"] = {"component": "gym.yaml", "num_envs": config.env.num_envs, "on_nonfinite": config.env.on_nonfinite}
     for name, data in (("gym.yaml", gym), ("train.yaml", train)):
-        text = yaml.safe_dump(data, sort_keys=False)
-        write_atomically(configs / name, lambda tmp, text=text: tmp.write_text(text))
+        storage.write(f"configs/{name}", yaml.safe_dump(data, sort_keys=False).encode())
+    if not storage.list("resources"):
+        storage.remove("resources")
 
 
 #: Model options that do not change the shapes or meaning of saved weights (only how they start).

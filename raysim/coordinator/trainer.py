@@ -35,12 +35,13 @@ from raysim.coordinator.roles import create_learner, create_roles, create_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.snapshot import choose_run_dir, resume_refusal, write_snapshot
-from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
+from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards
 from raysim.identity import differences, env_identity
 from raysim.learner.group import combined
 from raysim.metrics import SinkSet, make_sinks
+from raysim.records import write_evaluation
 from raysim.rollout import EnvShard
-from raysim.storage import RunLock, RunStorage
+from raysim.storage import RunLock, is_uri, open_storage
 
 FINISHED = ("budget", "solved")  # the stop reasons of a run that reached its end
 
@@ -70,7 +71,7 @@ class Summary:
 class ResumePoint:
     """Where a resumed run continues: the checkpoint and its counters."""
 
-    checkpoint: Path
+    checkpoint: Checkpoint
     state: dict[str, Any]
     meta: dict[str, Any]
     force: bool = False  # the env differs from the checkpoint's and the user insisted
@@ -126,8 +127,8 @@ class Trainer:
         self.sinks = sinks
         self.resume = resume
         self.break_lock = break_lock
-        self.run_dir, self.note = (Path(config.run_dir), None) if resume else choose_run_dir(config)
-        self.storage = RunStorage(self.run_dir)
+        self.run_dir, self.note = (config.run_dir, None) if resume else choose_run_dir(config)
+        self.storage = open_storage(self.run_dir)
         self.checkpoints = Checkpoints(self.storage)
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
         self.plan = algorithm_class(config.algo.name).collection(config.algo)
@@ -157,10 +158,11 @@ class Trainer:
         whose identity differs from the checkpoint's is refused, listing every differing key,
         unless ``force``; a model or algorithm that differs is always refused.
         """
-        run_dir = Path(run_dir).resolve()
-        checkpoint, state, meta = Checkpoints(RunStorage(run_dir)).newest_intact()
-        config_obj = load_resume_config(run_dir, config, overrides or [])
-        config_obj.run_dir = str(run_dir)
+        run_dir = str(run_dir) if is_uri(str(run_dir)) else str(Path(run_dir).resolve())
+        storage = open_storage(run_dir)
+        checkpoint, state, meta = Checkpoints(storage).newest_intact()
+        config_obj = load_resume_config(storage.local_copy("configs", "resources"), config, overrides or [])
+        config_obj.run_dir = run_dir
         refusal = resume_refusal(meta, config_obj)
         if refusal:
             raise ConfigError(f"cannot resume {run_dir}: {refusal}")
@@ -173,7 +175,7 @@ class Trainer:
             if not force:
                 raise ConfigError(f"cannot resume {run_dir}: {message}\nPass --force to resume anyway.")
             print(f"raysim: WARNING: resuming with --force although {message}", flush=True)
-        point = ResumePoint(run_dir / checkpoint.rel, state, meta, force=identity != meta.get("identity"))
+        point = ResumePoint(checkpoint, state, meta, force=identity != meta.get("identity"))
         return cls(config_obj, address=address, resume=point, break_lock=break_lock)
 
     # -- the run -------------------------------------------------------------------------------
@@ -189,7 +191,8 @@ class Trainer:
                 self._lock(lock)
             self.backend, started_ray = start_backend(self.config, self.address)
             if not self.resume:  # the run directory appears once its roles are sure to fit
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+                if self.storage.is_local:
+                    Path(self.run_dir).mkdir(parents=True, exist_ok=True)
                 self._lock(lock)
             with StopSignals() as self.signals:
                 try:
@@ -205,6 +208,7 @@ class Trainer:
                 self.sinks_set.close()
             self._release_roles()
             lock.release()  # only if this process holds it
+            self.storage.close()
             if started_ray:
                 import ray
 
@@ -404,6 +408,7 @@ class Trainer:
         if ready.saved is not None:
             return ready.saved
         learner_state = ready.fetch(self.backend)
+        self.sinks_set.flush()  # the metrics rows the checkpoint covers are written first
         meta = {
             **ready.state.meta(),
             "identity": self.identity,
@@ -470,7 +475,7 @@ class Trainer:
             self.weights,
             EvalSpec.of(cfg.eval, roles.max_episode_steps),
         )
-        write_records(self.storage.local(f"eval/{iteration}.parquet"), report.records)
+        write_evaluation(self.storage, iteration, report.records)
         self.pending_eval = eval_metrics(report)
         return report
 
@@ -494,24 +499,23 @@ class Trainer:
 
     def _begin(self) -> Ready:
         """A new run: freeze its configs (the task's resources exported into the run directory)."""
-        write_snapshot(self.run_dir, self.config)
+        write_snapshot(self.storage, self.config)
         return Ready(RunState(), [], [])
 
     def _restore(self) -> Ready:
         """Load the checkpoint into every learner rank and into the shards; the run state it describes."""
         point = self.resume
         if point.force:  # the run's own snapshot describes the env it now trains on
-            write_snapshot(self.run_dir, self.config)
+            write_snapshot(self.storage, self.config)
         state = RunState.from_checkpoint(point.meta, point.state)
         how = self._load_roles(point.state)
         print(
-            f"raysim: resuming {self.run_dir} from {point.checkpoint} (iteration {state.iteration}, "
-            f"{state.env_steps:,} env steps); shards continue {how}",
+            f"raysim: resuming {self.run_dir} from {self.storage.path(point.checkpoint.rel)} "
+            f"(iteration {state.iteration}, {state.env_steps:,} env steps); shards continue {how}",
             flush=True,
         )
         self._drop_records_after(state.iteration)
-        checkpoint = next(c for c in self.checkpoints.list() if c.name == point.checkpoint.name)
-        return Ready(state, loaded=point.state, saved=checkpoint)
+        return Ready(state, loaded=point.state, saved=point.checkpoint)
 
     def _load_roles(self, state: dict[str, Any]) -> str:
         """Every learner rank and every shard from a checkpoint's state; how the shards continue."""
@@ -587,7 +591,7 @@ class Trainer:
         cfg = self.config
         return make_sinks(
             cfg.train.sinks,
-            self.run_dir,
+            self.storage,
             cfg.train.total_steps,
             keep_until=state.iteration,
             env_steps=state.env_steps if self.resume else 0,

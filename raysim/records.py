@@ -1,0 +1,83 @@
+"""A run's Parquet files, through its storage: the metrics rows and the evaluation records.
+
+Metrics rows are written in parts (``metrics/part-<n>.parquet``, a new part per flush, never a growing
+file rewritten at each log step) and merged when the run ends; ``read_metrics`` reads them in order
+(a run from before parts, with one ``metrics.parquet``, too). Evaluation records are one file per
+evaluation, ``eval/<iteration>.parquet``.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raysim.storage import RunStorage
+
+METRICS, LEGACY_METRICS = "metrics", "metrics.parquet"
+_PART = re.compile(r"^part-(\d+)\.parquet$")
+
+Row = dict[str, float]
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def read_table(storage: RunStorage, rel: str) -> pa.Table:
+    return pq.read_table(io.BytesIO(storage.read(rel)))
+
+
+def rows_table(rows: list[Row]) -> pa.Table:
+    """Metrics rows as a table: every column float64, sorted by name (a column missing from a row is null)."""
+    columns = sorted({k for row in rows for k in row})
+    return pa.table({k: pa.array([row.get(k) for row in rows], pa.float64()) for k in columns})
+
+
+def metric_parts(storage: RunStorage) -> list[tuple[int, str]]:
+    """``(index, rel)`` of every metrics part, in order."""
+    parts = [(int(m[1]), f"{METRICS}/{name}") for name in storage.list(METRICS) if (m := _PART.match(name))]
+    return sorted(parts)
+
+
+def read_metrics(storage: RunStorage) -> list[Row]:
+    """Every metrics row of the run, in the order logged (one row per log step)."""
+    rows = read_table(storage, LEGACY_METRICS).to_pylist() if storage.exists(LEGACY_METRICS) else []
+    for _, rel in metric_parts(storage):
+        rows += read_table(storage, rel).to_pylist()
+    return [{k: v for k, v in row.items() if v is not None} for row in rows]
+
+
+def write_metrics(storage: RunStorage, rows: list[Row]) -> None:
+    """Replace every metrics part (and a legacy file) by one part holding ``rows``."""
+    old = metric_parts(storage)
+    storage.write(f"{METRICS}/part-{(old[-1][0] + 1) if old else 0:06d}.parquet", parquet_bytes(rows_table(rows)))
+    for _, rel in old:
+        storage.remove(rel)
+    storage.remove(LEGACY_METRICS)
+
+
+def append_metrics(storage: RunStorage, rows: list[Row]) -> None:
+    """``rows`` as one more part."""
+    old = metric_parts(storage)
+    storage.write(f"{METRICS}/part-{(old[-1][0] + 1) if old else 0:06d}.parquet", parquet_bytes(rows_table(rows)))
+
+
+def records_table(records: list[dict]) -> pa.Table:
+    """Evaluation records (scalars per counted episode) as a table."""
+    columns = list(dict.fromkeys(k for record in records for k in record)) or [
+        "row",
+        "episode",
+        "seed",
+        "return",
+        "length",
+    ]
+    return pa.table({k: [record.get(k) for record in records] for k in columns})
+
+
+def write_evaluation(storage: RunStorage, iteration: int, records: list[dict]) -> None:
+    storage.write(f"eval/{iteration}.parquet", parquet_bytes(records_table(records)))

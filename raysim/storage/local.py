@@ -1,0 +1,141 @@
+"""``LocalStorage``: a run directory on a local filesystem; writes are atomic (rename) and durable (fsync)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from raysim.storage.base import RunStorage, Staging
+
+
+class LocalStorage(RunStorage):
+    """A run directory on the local filesystem."""
+
+    is_local = True
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.location = str(self.root)
+
+    def path(self, rel: str = "") -> str:
+        return str(self.root / rel) if rel else str(self.root)
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def write(self, rel: str, data: bytes) -> None:
+        """``rel`` replaced atomically and durably: a temporary file, fsync, rename, fsync of the directory."""
+        target = self.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+            fsync_dir(target.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        target = self.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        fsync_dir(target.parent)
+        return True
+
+    def exists(self, rel: str) -> bool:
+        return (self.root / rel).exists()
+
+    def is_dir(self, rel: str) -> bool:
+        return (self.root / rel).is_dir()
+
+    def list(self, rel: str) -> list[str]:
+        folder = self.root / rel
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def remove(self, rel: str) -> None:
+        target = self.root / rel
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+
+    def staging(self, rel: str) -> Staging:
+        return LocalStaging(self.root / rel)
+
+    def local_copy(self, *rels: str) -> Path:
+        return self.root
+
+    @contextmanager
+    def writing_dir(self, rel: str) -> Iterator[Path]:
+        folder = self.root / rel
+        folder.mkdir(parents=True, exist_ok=True)
+        yield folder
+
+
+class LocalStaging(Staging):
+    """A directory written under a temporary name, fsynced, and renamed into place on ``commit``."""
+
+    def __init__(self, final: Path):
+        self.final = final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = final.with_name(f"{self.PREFIX}{final.name}-{os.getpid()}")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir()
+
+    def write(self, name: str, data: bytes) -> None:
+        with open(self.tmp / name, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def commit(self) -> None:
+        fsync_dir(self.tmp)
+        os.rename(self.tmp, self.final)
+        fsync_dir(self.final.parent)
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in directory ``path`` durable (where the platform allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:  # some filesystems refuse fsync on a directory
+        if error.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_parquet(path: str | Path, table) -> Path:
+    """A ``pyarrow.Table`` as a Parquet file at the local ``path``, atomically (a temporary file, then rename)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
