@@ -33,7 +33,7 @@ class GRPOConfig:
     group_size: int = 8  # rows per group (must divide env.num_envs, >= 2)
     num_steps: int = 500  # step limit of one round: a round ends when every row finished or at this
     lr: float = 3e-4
-    lr_schedule: str = "constant"  # constant | linear (to 0 over the run)
+    lr_schedule: str = "constant"  # constant | linear (to 0 at train.total_steps, on the env steps consumed)
     update_epochs: int = 4
     num_minibatches: int = 4
     clip_coef: float = 0.2

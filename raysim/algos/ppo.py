@@ -31,7 +31,7 @@ class PPOConfig:
     gamma: float = 0.99
     gae_lambda: float = 0.95
     lr: float = 3e-4
-    lr_schedule: str = "constant"  # constant | linear (to 0 over the run)
+    lr_schedule: str = "constant"  # constant | linear (to 0 at train.total_steps, on the env steps consumed)
     update_epochs: int = 4
     num_minibatches: int = 4
     clip_coef: float = 0.2
@@ -40,7 +40,9 @@ class PPOConfig:
     ent_coef: float = 0.0
     norm_adv: bool = True
     max_grad_norm: float = 0.5
-    target_kl: float | None = None  # stop the epochs early once approx_kl exceeds it
+    # CleanRL's rule: after each epoch, stop the update if the approx_kl of the epoch's last minibatch
+    # exceeds it (over learner ranks: the sample-weighted mean, so all ranks stop together); None: off
+    target_kl: float | None = None
     max_nonfinite_updates: int = 3  # consecutive skipped minibatches before training stops
     reward_scale: bool = False  # divide rewards by the running std of the discounted return (VecNormalize)
 

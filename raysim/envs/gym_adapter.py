@@ -32,6 +32,8 @@ from gymnasium.vector import AutoresetMode
 from raysim.envs.contract import BatchedEnv, Obs, Step, check_actions, check_num_envs
 
 VECTORIZE = ("sync", "async", "native")
+#: The adapter's own options: how it runs the env, not what the env is (left out of the env identity).
+RUNTIME_OPTIONS = ("vectorize", "autoreset_mode")
 
 
 class GymAdapter(BatchedEnv):
