@@ -234,10 +234,6 @@ def check_config(config: Config, where: str = "config") -> None:
         raise ConfigError(
             f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}"
         )
-    if ranks > 1 and getattr(config.algo, "target_kl", None) is not None:
-        raise ConfigError(
-            f"{where}: algo.target_kl is not supported with learner.ranks > 1 (the ranks must stop together)"
-        )
     try:
         algorithm_class(config.algo.name).check(config.algo, config.env.num_envs)
     except ValueError as error:

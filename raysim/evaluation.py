@@ -1,10 +1,11 @@
 """Evaluation: quota-balanced episodes over every row of every evaluation shard, with denominators.
 
 ``episodes`` requested over E rows get quotas fixed before the start: ``episodes // E`` each, plus
-one for the first ``episodes % E`` rows. Seeds derive from ``(seed, global row, episode index)``,
-so the report does not depend on the shard layout or on timing. The report holds the requested
-``n``, completed ``c`` and successful ``k`` episodes, the rates with Wilson score intervals, and
-return and length statistics over the completed episodes.
+one for the first ``episodes % E`` rows. Reset seeds, and a stochastic evaluation's action noise,
+derive from ``(seed, global row, episode index)``, so the report does not depend on the shard layout
+or on timing. The report holds the requested ``n``, completed ``c`` and successful ``k`` episodes
+(``k`` wherever the task defines success, also when no episode completed), the rates with Wilson
+score intervals, and return and length statistics over the completed episodes.
 """
 
 from __future__ import annotations
@@ -79,18 +80,28 @@ class EvalReport:
         return self.returns["mean"]
 
 
-def summarize(records: list[dict], requested: int, confidence: float = 0.95, excluded: int = 0) -> EvalReport:
+def summarize(
+    records: list[dict],
+    requested: int,
+    confidence: float = 0.95,
+    excluded: int = 0,
+    defines_success: bool | None = None,
+) -> EvalReport:
     """An ``EvalReport`` from the counted episode records; ``excluded``: episodes already left out.
 
-    A record whose return is not finite is left out too (and counted in ``excluded``): the statistics
-    are over finite returns only.
+    ``defines_success``: whether the task defines success (``BatchedEnv.defines_success``), so that
+    with no completed episode k/n is still 0/n and k/c undefined; None: the records tell (success
+    in every one of them, at least one). A record whose return is not finite is left out too (and
+    counted in ``excluded``): the statistics are over finite returns only.
     """
     finite = [r for r in records if math.isfinite(float(r["return"]))]
     excluded += len(records) - len(finite)
     records = finite
     completed = len(records)
-    has_success = completed > 0 and all("success" in r for r in records)
-    successes = sum(bool(r["success"]) for r in records) if has_success else None
+    has_success = defines_success
+    if has_success is None:
+        has_success = completed > 0 and all("success" in r for r in records)
+    successes = sum(bool(r.get("success")) for r in records) if has_success else None
     return EvalReport(
         requested=requested,
         completed=completed,
@@ -161,11 +172,11 @@ def evaluate_on_shards(
 
     pending = {i: call(i) for i in range(len(shards))}
     results: list[tuple[dict, dict]] = []
-    restarts, excluded = 0, 0
+    restarts, excluded, defines_success = 0, 0, None
     while pending:
         i, future = pending.popitem()
         try:
-            counted, left_out = backend.get(future)
+            counted, left_out, defines_success = backend.get(future)
             results += counted
             excluded += left_out
         except Exception as error:
@@ -189,7 +200,7 @@ def evaluate_on_shards(
             on_scored_episode(dict(record))
         if on_episode is not None:
             on_episode(report)
-    return summarize([record for record, _ in results], spec.episodes, spec.confidence, excluded)
+    return summarize([record for record, _ in results], spec.episodes, spec.confidence, excluded, defines_success)
 
 
 def write_records(path: str | Path, records: list[dict]) -> None:
@@ -204,7 +215,7 @@ def format_report(report: EvalReport) -> str:
         if r is None:
             return "n/a (the task defines no success)"
         if r.value is None:
-            return f"{r.numerator}/{r.denominator}  (no denominator)"
+            return f"{r.numerator}/{r.denominator}  undefined (no denominator)"
         lo, hi = r.interval
         return f"{r.numerator}/{r.denominator} = {r.value:.3f}  [{lo:.3f}, {hi:.3f}]"
 

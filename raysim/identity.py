@@ -1,10 +1,13 @@
 """The one env compatibility identity: a hash of the canonical, resolved env config.
 
 ``env_identity(env)`` hashes the *canonical* env config: the env id and its options with the
-task's defaults filled in, materialized resources replaced by a hash of their content, and
-runtime-only keys (row counts, seeds, devices, non-finite handling, file locations, descriptive
-metadata) left out. It is computed the same way on save and on resume, so a run resumes from the
-original declaration, from its own ``configs/gym.yaml`` snapshot, and from a moved run directory.
+task's defaults filled in (for ``gym:`` ids, the Gymnasium env's constructor and registration
+defaults), materialized resources replaced by a hash of their content, and runtime-only keys (row
+counts, seeds, devices, non-finite handling, file locations, descriptive metadata, the Gymnasium
+adapter's ``vectorize`` and ``autoreset_mode``) left out. It is computed the same way on save and on
+resume, so a run resumes from the original declaration, from its own ``configs/gym.yaml`` snapshot,
+and from a moved run directory. A checkpoint's saved canonical config is brought to today's form
+before it is compared (``checkpoint_identity``), so runs saved by an earlier raysim still resume.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from raysim.envs.gym_adapter import RUNTIME_OPTIONS as ADAPTER_OPTIONS
 from raysim.envs.registry import factory, materialize
 
 #: EnvConfig keys that do not change what the env is.
@@ -24,18 +28,28 @@ RUNTIME_ENV_KEYS = ("num_envs", "on_nonfinite", "metadata")
 RUNTIME_OPTION_KEYS = ("seed", "num_envs", "device")
 
 
-def task_defaults(env_id: str) -> dict[str, Any]:
-    """The options a task fills in when they are not given (from its factory's signature)."""
-    if env_id.startswith("gym:"):
-        import gymnasium as gym
+def signature_defaults(function: Any) -> dict[str, Any]:
+    """The keyword defaults of ``function`` (a class: of its constructor), runtime keys left out."""
+    return {
+        name: parameter.default
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.default is not inspect.Parameter.empty and name not in RUNTIME_OPTION_KEYS
+    }
 
-        spec = gym.spec(env_id[len("gym:") :])
-        return {"max_episode_steps": spec.max_episode_steps, **dict(spec.kwargs)}
-    defaults = {}
-    for name, parameter in inspect.signature(factory(env_id)).parameters.items():
-        if parameter.default is not inspect.Parameter.empty and name not in RUNTIME_OPTION_KEYS:
-            defaults[name] = parameter.default
-    return defaults
+
+def task_defaults(env_id: str) -> dict[str, Any]:
+    """The options a native task fills in when they are not given (from its factory's signature)."""
+    return {} if env_id.startswith("gym:") else signature_defaults(factory(env_id))
+
+
+def gym_defaults(env_id: str) -> dict[str, Any]:
+    """What a Gymnasium id fills in: its env's constructor defaults, its registration's kwargs and step limit."""
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+
+    spec = gym.spec(env_id[len("gym:") :])
+    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    return {**signature_defaults(creator), "max_episode_steps": spec.max_episode_steps, **dict(spec.kwargs)}
 
 
 def canonical_env(env: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +57,17 @@ def canonical_env(env: dict[str, Any]) -> dict[str, Any]:
     options = {k: v for k, v in dict(env.get("kwargs") or {}).items() if k not in RUNTIME_OPTION_KEYS}
     options = {**task_defaults(env["id"]), **options}
     options = materialize(env["id"], options)
-    return {"id": env["id"], "kwargs": _plain(options)}
+    return current_form({"id": env["id"], "kwargs": _plain(options)})
+
+
+def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
+    """A canonical env config in today's form, also one saved by an earlier raysim: for ``gym:`` ids the
+    adapter's runtime options are left out and the Gymnasium defaults filled in (idempotent)."""
+    env_id, options = canonical["id"], dict(canonical.get("kwargs") or {})
+    if env_id.startswith("gym:"):
+        options = {k: v for k, v in options.items() if k not in ADAPTER_OPTIONS}
+        options = {**_plain(gym_defaults(env_id)), **options}
+    return {"id": env_id, "kwargs": _plain(options)}
 
 
 def _plain(value: Any) -> Any:
@@ -65,8 +89,21 @@ def _plain(value: Any) -> Any:
 def env_identity(env: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """``(identity, canonical config)``: the one compatibility identity of an env config."""
     canonical = canonical_env(env)
-    digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()
-    return digest[:16], canonical
+    return _digest(canonical), canonical
+
+
+def checkpoint_identity(meta: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """``(identity, canonical config)`` of a checkpoint's env under today's rules (``meta.json``'s saved
+    canonical config in ``current_form``): what a resumed run's ``env_identity`` is compared with."""
+    saved = meta.get("canonical_env")
+    if not saved:
+        return meta.get("identity"), {}
+    canonical = current_form(saved)
+    return (meta.get("identity") if canonical == saved else _digest(canonical)), canonical
+
+
+def _digest(canonical: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def differences(saved: dict, current: dict, prefix: str = "") -> list[str]:

@@ -262,7 +262,7 @@ def reference_advantages(critic, chunk: RolloutChunk, gamma: float, lam: float) 
 def make_learner(dim: int = 4, seed: int = 0, **algo) -> Learner:
     spaces = {"policy": gym.spaces.Box(-float("inf"), float("inf"), (dim,))}
     return Learner(
-        spaces, gym.spaces.Discrete(2), ModelConfig(hidden_sizes=[16, 16]), PPOConfig(**algo), iterations=10, seed=seed
+        spaces, gym.spaces.Discrete(2), ModelConfig(hidden_sizes=[16, 16]), PPOConfig(**algo), horizon=10, seed=seed
     )
 
 

@@ -13,7 +13,7 @@ import raysim
 from raysim.actors import LocalBackend, RayBackend
 from raysim.envs import register
 from raysim.envs.cartpole import CartPole
-from raysim.evaluation import EvalSpec, evaluate_on_shards, quotas, summarize, wilson
+from raysim.evaluation import EvalSpec, evaluate_on_shards, format_report, quotas, summarize, wilson
 from raysim.models.networks import ActorCritic, ModelConfig
 from raysim.rollout.shard import EnvShard
 
@@ -32,18 +32,19 @@ class RowLengthEnv(CartPole):
 register("test/RowLength", RowLengthEnv)
 
 
-def actor_weights(env_id: str = "raysim/CartPole", seed: int = 0) -> dict:
+def actor_weights(env_id: str = "raysim/CartPole", seed: int = 0, env_kwargs: dict | None = None) -> dict:
     torch.manual_seed(seed)
-    shard = EnvShard(env_id, 1)
+    shard = EnvShard(env_id, 1, env_kwargs=env_kwargs)
     model = ActorCritic(*shard.spaces()[:2], ModelConfig())
     return {"version": 1, "actor": model.actor.state_dict()}
 
 
-def run_local(env_id: str, layout: list[int], spec: EvalSpec, **callbacks):
+def run_local(env_id: str, layout: list[int], spec: EvalSpec, env_kwargs: dict | None = None, **callbacks):
     backend = LocalBackend()
-    make = lambda i: backend.create(EnvShard, env_id, layout[i], seed=i)  # noqa: E731
+    make = lambda i: backend.create(EnvShard, env_id, layout[i], seed=i, env_kwargs=env_kwargs)  # noqa: E731
     shards = [make(i) for i in range(len(layout))]
-    return evaluate_on_shards(backend, make, shards, layout, actor_weights(env_id), spec, **callbacks)
+    weights = actor_weights(env_id, env_kwargs=env_kwargs)
+    return evaluate_on_shards(backend, make, shards, layout, weights, spec, **callbacks)
 
 
 def test_quotas_split_episodes_over_rows_with_the_remainder_first():
@@ -72,6 +73,34 @@ def test_eval_report_independent_of_shard_layout():
     four = run_local("raysim/CartPole", [2, 2, 2, 2], spec)
     assert one.records == four.records
     assert one.completed == 37 and len({r["seed"] for r in one.records}) == 37
+
+
+def test_a_stochastic_evaluation_does_not_depend_on_the_shard_layout():
+    spec = EvalSpec(episodes=16, seed=3, max_steps=5000, deterministic=False)
+    one = run_local("raysim/CartPole", [8], spec)
+    for layout in ([4, 4], [3, 5], [1] * 8):
+        assert run_local("raysim/CartPole", layout, spec).records == one.records, layout
+    deterministic = run_local("raysim/CartPole", [8], EvalSpec(episodes=16, seed=3, max_steps=5000))
+    assert [r["return"] for r in one.records] != [r["return"] for r in deterministic.records]  # actions are sampled
+
+
+NOISY_REACH = {
+    "max_episode_steps": 15,
+    "observations": {"policy": [{"term": "joint_pos", "noise": 0.05}, "goal_rel"], "critic": ["goal"]},
+}
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_an_evaluation_of_reach_with_observation_noise_does_not_depend_on_the_shard_layout(deterministic):
+    spec = EvalSpec(episodes=14, seed=5, max_steps=1000, deterministic=deterministic)
+    one = run_local("raysim/Reach", [6], spec, NOISY_REACH)
+    assert one.completed == 14
+    for layout in ([2, 4], [3, 3], [1] * 6):
+        records = run_local("raysim/Reach", layout, spec, NOISY_REACH).records
+        assert [(r.keys(), r["seed"]) for r in records] == [(r.keys(), r["seed"]) for r in one.records]
+        for got, expected in zip(records, one.records, strict=True):
+            # continuous actions: the actor's matrix products round differently per batch size (last bits)
+            assert got == pytest.approx(expected, rel=1e-5, abs=1e-7), layout
 
 
 def _wilson_by_bisection(k: int, n: int, z: float) -> tuple[float, float]:
@@ -123,6 +152,20 @@ def test_zero_completed_episodes_give_a_report_with_no_intervals():
     assert report.returns["mean"] is None and report.lengths["max"] is None
     assert report.completion_rate.value == 0.0
     assert summarize([], 0).completion_rate.interval is None
+    assert report.successes is None and report.success_rate is None  # CartPole defines no success
+    assert "success k / n          n/a (the task defines no success)" in format_report(report)
+
+
+def test_zero_completed_episodes_of_a_task_that_defines_success_report_k_over_n_and_leave_k_over_c_undefined():
+    # 100-step episodes cannot end within 5 steps, and a goal tolerance of 1e-6 is never met
+    report = run_local("raysim/Reach", [4], EvalSpec(episodes=8, seed=0, max_steps=5), {"tolerance": 1e-6})
+    assert (report.requested, report.completed, report.successes) == (8, 0, 0)
+    assert report.success_per_requested.value == 0.0
+    assert report.success_per_requested.interval == wilson(0, 8) == pytest.approx((0.0, 0.32440), abs=1e-5)
+    assert report.success_rate.value is None and report.success_rate.interval is None
+    text = format_report(report)
+    assert "success k / n          0/8 = 0.000  [0.000, 0.324]" in text
+    assert "success k / c          0/0  undefined (no denominator)" in text
 
 
 def test_success_rates_use_the_env_owned_success_and_both_denominators():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from raysim.config import Config, ConfigError, EnvConfig, load_config
 from raysim.coordinator import Trainer
 from raysim.envs.cartpole import CartPole
 from raysim.learner import Learner
+from raysim.metrics import ParquetSink
 from raysim.models.networks import ModelConfig
 from raysim.rollout import GroupEpisodes, GroupResetError
 from raysim.rollout.shard import EnvShard
@@ -28,7 +30,7 @@ def weights_of(shard):
 
 def make_learner(shard, algo, critic=False):
     spaces, action_space, _ = shard.spaces()
-    return Learner(spaces, action_space, ModelConfig(critic=critic), algo, iterations=10, seed=0)
+    return Learner(spaces, action_space, ModelConfig(critic=critic), algo, horizon=10, seed=0)
 
 
 def test_group_members_start_from_identical_observations_and_different_groups_differ():
@@ -198,3 +200,15 @@ def test_grpo_clearly_improves_on_native_cartpole_with_a_fixed_seed(tmp_path: Pa
     assert summary.env_steps >= 40000
     # an untrained policy balances CartPole for about 20 steps
     assert summary.evaluation.mean_return > 150, summary.evaluation.mean_return
+
+
+def test_a_linear_schedule_falls_on_the_env_steps_of_grpos_variable_rounds_to_the_budget(tmp_path: Path):
+    overrides = ["backend=local", "env.num_envs=8", "algo.update_epochs=1", "algo.num_minibatches=2"]
+    overrides += ["algo.lr_schedule=linear", "train.total_steps=1500", "train.log_every=1", "eval.episodes=0"]
+    config = load_config("cartpole_grpo", [*overrides, f"run_dir={tmp_path / 'run'}"])
+    Trainer(config, sinks=[ParquetSink(tmp_path / "metrics.parquet")]).train()
+    rows = pq.read_table(tmp_path / "metrics.parquet").to_pylist()
+    consumed = [0] + [int(r["env_steps"]) for r in rows[:-1]]  # before each round's update
+    assert len({b - a for a, b in zip(consumed, consumed[1:], strict=False)}) > 1  # rounds of varying size
+    assert [r["lr"] for r in rows] == [config.algo.lr * max(0.0, 1.0 - s / 1500) for s in consumed]
+    assert rows[-1]["lr"] < 0.3 * config.algo.lr  # the last round trains near the end of the schedule

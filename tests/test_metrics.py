@@ -153,7 +153,7 @@ def test_two_learner_ranks_log_the_mean_over_both_ranks_data(ray_session):
         action_space=action_space,
         model=ModelConfig(),
         algo=algo,
-        iterations=10,
+        horizon=10,
         seed=0,
     )
     weights = ray_session.get(group.get_weights())

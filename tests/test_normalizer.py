@@ -39,7 +39,7 @@ def buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def learner(shard: EnvShard, seed: int = 0, rank: int = 0, world_size: int = 1) -> Learner:
     algo = PPOConfig(num_steps=16, num_minibatches=2, update_epochs=1)
-    return Learner(*shard.spaces()[:2], NORM, algo, iterations=10, seed=seed, rank=rank, world_size=world_size)
+    return Learner(*shard.spaces()[:2], NORM, algo, horizon=10, seed=seed, rank=rank, world_size=world_size)
 
 
 def test_running_statistics_equal_numpy_over_all_updates():

@@ -66,17 +66,24 @@ def test_noise_applies_only_to_the_entries_that_configure_it():
     assert bool((noise != 0).all())
     assert 0.08 < float(noise.std()) < 0.12 and abs(float(noise.mean())) < 0.03  # std 0.1
     torch.testing.assert_close(obs["critic"][:, 4:6], env.joint_pos, rtol=0, atol=0)  # the same term, noise-free
-    again = env._observe()
-    assert not torch.equal(again["policy"][:, :2], obs["policy"][:, :2])  # fresh noise at every observation
-    torch.testing.assert_close(again["policy"][:, 2:], obs["policy"][:, 2:], rtol=0, atol=0)
+    again = env._observe()  # the same step of the same episodes: the same noise
+    torch.testing.assert_close(again, obs, rtol=0, atol=0)
+    env.step(torch.zeros(256, 2))
+    later = env._observe()
+    assert not bool((later["policy"][:, :2] - env.joint_pos == noise).any())  # fresh noise at every step
 
 
-def test_noise_comes_from_the_env_generator_so_equal_seeds_give_equal_noisy_observations():
-    a, b = reach(3, seed=7, observations=CONFIG), reach(3, seed=7, observations=CONFIG)
-    actions = torch.rand(3, 2) * 2 - 1
-    torch.testing.assert_close(a.step(actions).obs, b.step(actions).obs, rtol=0, atol=0)
-    assert a.seeded_reset is False  # noisy observations: equal reset seeds no longer give equal observations
-    assert reach(3).seeded_reset is True
+def test_equal_reset_seeds_give_equal_noisy_observations_at_every_step_whatever_the_batch():
+    a, b = (reach(n, seed=s, observations=CONFIG, tolerance=1e-6) for n, s in ((3, 7), (5, 1)))  # no episode ends
+    a.reset_rows(torch.tensor([0, 1, 2]), [11, 12, 13])
+    b.reset_rows(torch.tensor([4, 0]), [12, 11])  # the same episodes in other rows of another batch
+    torch.manual_seed(0)
+    for _ in range(5):
+        actions = torch.rand(2, 2) * 2 - 1
+        obs_a = a.step(torch.cat([actions, torch.zeros(1, 2)])).obs
+        obs_b = b.step(torch.cat([actions[:1], torch.zeros(3, 2), actions[1:]])).obs
+        torch.testing.assert_close(obs_a["policy"][[0, 1]], obs_b["policy"][[0, 4]], rtol=0, atol=0)
+    assert a.seeded_reset is True  # noise is the episode's: equal seeds, equal noisy observations (GRPO works)
 
 
 def test_scale_is_applied_after_the_noise_to_the_entry_alone():

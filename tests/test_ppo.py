@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torch import nn
@@ -11,9 +12,13 @@ from torch import nn
 from raysim.algos.epochs import run_epochs
 from raysim.algos.guard import GuardedStep, NonFiniteUpdateError
 from raysim.algos.ppo import PPOConfig, clipped_objective
+from raysim.config import load_config
+from raysim.coordinator import Trainer
 from raysim.learner import Learner
+from raysim.metrics import ParquetSink
 from raysim.models.networks import ModelConfig
 from raysim.rollout.shard import EnvShard
+from tests.support.threaded_ranks import ThreadedRanks
 
 EPS = 0.2
 
@@ -159,8 +164,8 @@ def test_a_finite_step_is_applied_and_resets_the_consecutive_count():
 def cartpole_learner_and_shard(**algo):
     shard = EnvShard("raysim/CartPole", 4, seed=3, model=ModelConfig(hidden_sizes=[16, 16]))
     spaces, action_space, _ = shard.spaces()
-    config = PPOConfig(num_steps=16, update_epochs=2, num_minibatches=2, **algo)
-    learner = Learner(spaces, action_space, ModelConfig(hidden_sizes=[16, 16]), config, iterations=5, seed=1)
+    config = PPOConfig(**{"num_steps": 16, "update_epochs": 2, "num_minibatches": 2, **algo})
+    learner = Learner(spaces, action_space, ModelConfig(hidden_sizes=[16, 16]), config, horizon=5, seed=1)
     return learner, shard
 
 
@@ -237,3 +242,98 @@ def test_ppo_update_with_an_unbounded_objective_skips_every_minibatch_and_then_s
         assert torch.equal(value, before[name])
     with pytest.raises(NonFiniteUpdateError, match="pg_loss"):
         run_epochs(learner.algorithm.loss, loss_terms, learner.step, batch, config, learner.generator)
+
+
+# --- several learner ranks, early stopping and the schedule ------------------------------------------
+
+
+def test_two_learner_ranks_with_unequal_batches_take_the_gradient_of_one_rank_over_both(monkeypatch):
+    algo = PPOConfig(num_steps=16, update_epochs=1, num_minibatches=1, norm_adv=False, max_grad_norm=1e9)
+    shards = [EnvShard("raysim/CartPole", n, seed=s, env_kwargs={"max_episode_steps": 12}) for n, s in ((2, 1), (6, 2))]
+    spaces, action_space, _ = shards[0].spaces()
+
+    def learner(rank: int = 0, world_size: int = 1) -> Learner:
+        return Learner(spaces, action_space, ModelConfig(), algo, horizon=10, rank=rank, world_size=world_size)
+
+    one = learner()
+    chunks = [shard.rollout(one.get_weights(), 16) for shard in shards]  # 32 and 96 transitions
+    one.update(*chunks)
+    ranks, group = [learner(r, 2) for r in range(2)], ThreadedRanks(2)
+    group.patch(monkeypatch)
+    group.run(lambda r: ranks[r].update(chunks[r]))
+    for (name, p), q, r in zip(one.model.named_parameters(), *(x.model.parameters() for x in ranks), strict=True):
+        assert torch.equal(q.grad, r.grad), name  # every rank applies the same gradient
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class ScriptedKL:
+    """A loss on one parameter whose minibatches report the scripted ``approx_kl`` values, in order."""
+
+    def __init__(self, kls: list[float]):
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.kls, self.calls = list(kls), 0
+
+    def __call__(self, minibatch):
+        loss = (self.weight * minibatch["x"]).mean()
+        self.calls += 1
+        return loss, {"pg_loss": loss.detach(), "approx_kl": torch.tensor(self.kls[self.calls - 1])}
+
+    def epochs(self, size: int, target_kl: float | None, ranks=None) -> int:
+        """Run 4 epochs of 2 minibatches over ``size`` samples; how many minibatches were computed."""
+        config = PPOConfig(update_epochs=4, num_minibatches=2, target_kl=target_kl)
+        step = GuardedStep(torch.optim.SGD([self.weight], lr=0.1), 1.0, 3, ranks)
+        batch = {"actions": torch.zeros(size), "x": torch.ones(size)}
+        run_epochs(self, ("pg_loss",), step, batch, config, torch.Generator().manual_seed(0))
+        return self.calls
+
+
+def test_target_kl_stops_after_the_epoch_whose_last_minibatch_exceeds_it_cleanrls_rule():
+    zeros = [0.0] * 6
+    assert ScriptedKL([0.0, 0.03, *zeros]).epochs(8, target_kl=0.02) == 2  # the epoch's mean (0.015) is below
+    assert ScriptedKL([0.05, 0.0, *zeros]).epochs(8, target_kl=0.02) == 8  # only the last minibatch counts
+    assert ScriptedKL([0.0, 0.03, *zeros]).epochs(8, target_kl=None) == 8
+
+
+def test_target_kl_stops_a_real_ppo_update_after_the_first_epoch():
+    learner, shard = cartpole_learner_and_shard(target_kl=1e-12, update_epochs=4)
+    learner.update(shard.rollout(learner.get_weights(), 16))
+    assert {int(s["step"]) for s in learner.optimizer.state.values()} == {2}  # 1 epoch of 2 minibatches, not 8
+    unlimited, shard = cartpole_learner_and_shard(update_epochs=4)
+    unlimited.update(shard.rollout(unlimited.get_weights(), 16))
+    assert {int(s["step"]) for s in unlimited.optimizer.state.values()} == {8}
+
+
+@pytest.mark.parametrize(
+    "kls, minibatches",
+    [
+        ((0.01, 0.04), 8),  # rank 1 alone would stop; the union's KL (0.0175) does not exceed 0.02
+        ((0.03, 0.0), 2),  # rank 1 alone would go on; the union's KL (0.0225) exceeds 0.02
+    ],
+)
+def test_learner_ranks_stop_together_on_the_sample_weighted_kl_of_their_last_minibatches(kls, minibatches):
+    sizes = (12, 4)  # minibatches of 6 and 2 samples
+    losses = [ScriptedKL([0.0, kl] * 4) for kl in kls]
+    group = ThreadedRanks(2)
+    assert group.run(lambda r: losses[r].epochs(sizes[r], 0.02, group.view(r))) == [minibatches] * 2
+    assert load_config(None, ["learner.ranks=2", "shards.count=2", "algo.target_kl=0.02"]).algo.target_kl == 0.02
+
+
+def test_a_linear_schedule_falls_on_the_env_steps_consumed_toward_the_horizon():
+    learner, shard = cartpole_learner_and_shard(lr_schedule="linear")  # horizon 5 env steps: too short
+    learner.horizon = 1000
+    assert learner.learning_rate(0) == 3e-4 and learner.learning_rate(250) == 3e-4 * 0.75
+    assert learner.learning_rate(1000) == 0.0 == learner.learning_rate(1500)
+    assert learner.update(shard.rollout(learner.get_weights(), 16), env_steps=600)["lr"] == 3e-4 * (1 - 0.6)
+    assert learner.optimizer.param_groups[0]["lr"] == 3e-4 * (1 - 0.6)
+
+
+def test_fixed_batches_keep_the_per_iteration_linear_schedule_bitwise(tmp_path):
+    overrides = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.update_epochs=1", "train.log_every=1"]
+    overrides += ["algo.lr_schedule=linear", "train.total_steps=1000", "eval.episodes=0", f"run_dir={tmp_path / 'run'}"]
+    config = load_config(None, overrides)
+    summary = Trainer(config, sinks=[ParquetSink(tmp_path / "metrics.parquet")]).train()
+    rows = pq.read_table(tmp_path / "metrics.parquet").to_pylist()
+    planned = 8  # ceil(1000 / 128) iterations of 128 env steps: the horizon is 1024 steps
+    assert summary.iterations == planned and [r["iteration"] for r in rows] == list(range(1, planned + 1))
+    assert [r["lr"] for r in rows] == [config.algo.lr * max(0.0, 1.0 - i / planned) for i in range(planned)]

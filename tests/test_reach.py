@@ -11,7 +11,7 @@ import raysim.envs as envs
 from raysim.config import load_config
 from raysim.envs import Reach, make
 from raysim.envs.reach import forward_kinematics
-from raysim.rollout import EnvShard
+from raysim.rollout import EnvShard, GroupEpisodes
 
 
 def reach(num_envs=4, seed=0, **kwargs) -> Reach:
@@ -338,6 +338,21 @@ def test_an_env_shard_on_reach_produces_chunks_with_both_groups_and_episode_repo
     assert chunk.episodes["success"].dtype == torch.bool
     done = chunk.terminated | chunk.truncated
     assert int(done.sum()) == K
+
+
+def test_grpo_groups_share_their_start_and_their_observation_noise_on_a_noisy_reach():
+    kwargs = {"observations": {"policy": [{"term": "joint_pos", "noise": 0.05}, "goal_rel"], "critic": ["goal"]}}
+    shard = EnvShard("raysim/Reach", 8, seed=2, env_kwargs=kwargs)
+    assert shard.env.seeded_reset is True
+    chunk = shard.rollout({"version": 0, "actor": shard.actor.state_dict()}, GroupEpisodes(4, 5))
+    first = chunk.obs["policy"][0].reshape(2, 4, -1)
+    assert torch.equal(first, first[:, :1].expand_as(first))  # noisy, and equal within each group
+    assert not torch.equal(first[0, 0], first[1, 0])
+    plain = {"observations": {"policy": ["joint_pos", "goal_rel"], "critic": ["goal"]}}
+    twin = EnvShard("raysim/Reach", 8, seed=2, env_kwargs=plain)  # the same starts, without noise
+    exact = twin.rollout({"version": 0, "actor": twin.actor.state_dict()}, GroupEpisodes(4, 5)).obs["policy"][0]
+    assert torch.equal(exact.reshape(2, 4, -1)[..., 2:], first[..., 2:])
+    assert bool((exact.reshape(2, 4, -1)[..., :2] != first[..., :2]).all())  # the noise is there
 
 
 def test_left_out_options_resolve_to_the_defaults_so_the_env_identity_does_not_depend_on_spelling_them_out():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -59,6 +61,52 @@ def test_raw_and_expanded_env_declarations_have_the_same_identity():
     generated = {"id": "raysim/CartPole", "kwargs": {"initial_states": {"generate": 8, "seed": 1}}}
     array = make("raysim/CartPole", 1, initial_states={"generate": 8, "seed": 1}).initial_states.numpy()
     assert env_identity(generated)[0] == env_identity({"id": "raysim/CartPole", "kwargs": {"initial_states": array}})[0]
+
+
+def test_the_gymnasium_adapters_runtime_options_and_spelled_out_defaults_leave_the_identity_unchanged():
+    identity = env_identity({"id": "gym:CartPole-v1", "kwargs": {}})[0]
+    for kwargs in (
+        {"vectorize": "sync"},
+        {"vectorize": "async"},
+        {"autoreset_mode": "SameStep"},
+        {"max_episode_steps": 500},  # the registration's step limit
+        {"sutton_barto_reward": False},  # CartPoleEnv's constructor default
+    ):
+        assert env_identity({"id": "gym:CartPole-v1", "kwargs": kwargs})[0] == identity, kwargs
+    for kwargs in ({"max_episode_steps": 200}, {"sutton_barto_reward": True}):
+        assert env_identity({"id": "gym:CartPole-v1", "kwargs": kwargs})[0] != identity, kwargs
+
+
+#: What raysim saved in meta.json for ``gym:CartPole-v1`` with ``vectorize: sync`` before the adapter's
+#: options left the identity (computed by that version; kept verbatim).
+OLD_GYM_META = {
+    "identity": "004952c0950dbf27",
+    "canonical_env": {"id": "gym:CartPole-v1", "kwargs": {"max_episode_steps": 500, "vectorize": "sync"}},
+}
+
+
+def as_saved_by_an_older_raysim(checkpoint: Path) -> None:
+    """Give a checkpoint the old identity in meta.json (and its manifest the new file's hash)."""
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    data = json.dumps({**meta, **OLD_GYM_META}, indent=2, sort_keys=True).encode()
+    (checkpoint / "meta.json").write_bytes(data)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"]["meta.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_run_saved_with_the_old_identity_resumes_also_with_another_vectorization(tmp_path):
+    run_dir = tmp_path / "run"
+    gym = ["env.id=gym:CartPole-v1", "env.kwargs.vectorize=sync", "eval.episodes=0"]
+    raysim.Trainer(raysim.load_config(None, [*TINY, *gym, "train.stop_after=1", f"run_dir={run_dir}"])).train()
+    as_saved_by_an_older_raysim(run_dir / "checkpoints" / "1")
+    assert load_latest(run_dir)[2]["identity"] == OLD_GYM_META["identity"]  # intact, and old
+    for vectorize in ("sync", "async"):
+        overrides = [f"env.kwargs.vectorize={vectorize}", "train.stop_after=1"]
+        summary = raysim.Trainer.from_run_dir(run_dir, overrides=overrides).train()
+        assert summary.stopped_by == "stop_after", vectorize
+    assert summary.iterations == 3
+    assert load_latest(run_dir)[2]["identity"] == env_identity({"id": "gym:CartPole-v1", "kwargs": {}})[0]  # migrated
 
 
 def test_a_component_declared_run_resumes_from_its_snapshot_its_declaration_and_after_a_move(tmp_path):
@@ -138,7 +186,7 @@ def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_sa
         action_space=spaces[1],
         model=ModelConfig(),
         algo=algo,
-        iterations=10,
+        horizon=10,
         seed=0,
     )
 

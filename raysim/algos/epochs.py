@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from raysim.algos.collectives import Collectives
 from raysim.algos.guard import GuardedStep
 from raysim.rollout import RolloutChunk
 
@@ -25,9 +26,10 @@ def run_epochs(
 
     The remainder of an uneven split is left out of that epoch (a new shuffle each epoch). The
     minibatch count never depends on the batch size, so learner ranks with different batch sizes
-    take the same number of (collective) steps. ``loss_terms`` name the metrics whose
-    non-finiteness the guard reports. With ``config.target_kl``, the epochs stop early once the mean
-    ``approx_kl`` exceeds it. Returns the metrics averaged over the applied steps (tensors).
+    take the same number of (collective) steps; each rank's gradient weighs with its minibatch size.
+    ``loss_terms`` name the metrics whose non-finiteness the guard reports. ``config.target_kl``
+    stops the epochs early by CleanRL's rule (``kl_exceeded``). Returns the metrics averaged over the
+    applied steps (tensors).
     """
     size = batch["actions"].shape[0]
     if size == 0:
@@ -46,16 +48,30 @@ def run_epochs(
         for i in range(config.num_minibatches):
             index = order[i * minibatch_size : (i + 1) * minibatch_size]
             loss, metrics = loss_fn(select(batch, index))
-            grad_norm = step(loss, {k: metrics[k] for k in loss_terms})
+            last_kl = metrics["approx_kl"].detach() if target_kl is not None else None
+            grad_norm = step(loss, {k: metrics[k] for k in loss_terms}, minibatch_size)
             if grad_norm is None:
                 continue
             metrics["grad_norm"] = grad_norm
             applied += 1
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value.detach()
-        if target_kl is not None and applied and totals["approx_kl"] / applied > target_kl:
+        if target_kl is not None and kl_exceeded(last_kl, minibatch_size, target_kl, step.ranks):
             break
     return {name: value / max(applied, 1) for name, value in totals.items()}
+
+
+def kl_exceeded(approx_kl: torch.Tensor, samples: int, target_kl: float, ranks: Collectives | None) -> bool:
+    """CleanRL's early stop, checked after each epoch: the epoch's last minibatch's ``approx_kl`` above ``target_kl``.
+
+    With several learner ranks it is the sample-weighted mean over the ranks (one all-reduce), the
+    ``approx_kl`` of the union minibatch: every rank takes the same decision, as one rank would.
+    """
+    if ranks is not None and ranks.world_size > 1:
+        flat = torch.stack([approx_kl.double() * samples, approx_kl.new_tensor(samples, dtype=torch.float64)])
+        ranks.all_reduce(flat)
+        approx_kl = flat[0] / flat[1]
+    return bool(approx_kl > target_kl)
 
 
 def select(batch: Batch, index: torch.Tensor) -> Batch:

@@ -34,7 +34,9 @@ class GRPOConfig:
     group_size: int = setting(8, help="rows per group; must divide env.num_envs", low=2)
     num_steps: int = setting(500, help="step limit of a round (a round ends when every row finished)", low=1)
     lr: float = setting(3e-4, help="Adam's learning rate", low=0, open_low=True)
-    lr_schedule: str = setting("constant", help="linear: to 0 over the run", choices=("constant", "linear"))
+    lr_schedule: str = setting(
+        "constant", help="linear: to 0 at train.total_steps, on the env steps consumed", choices=("constant", "linear")
+    )
     update_epochs: int = setting(4, help="passes over each round's batch", low=1)
     num_minibatches: int = setting(4, help="minibatches per pass", low=1)
     clip_coef: float = setting(0.2, help="the ratio's clip range epsilon", low=0, high=1, open_low=True, open_high=True)

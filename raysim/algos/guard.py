@@ -3,7 +3,9 @@
 A non-finite loss term or gradient never reaches the weights: the step is skipped and counted.
 After ``max_consecutive`` skipped steps in a row, training stops with an error that names the
 quantity that went non-finite. With several learner ranks, the gradients are averaged across
-ranks in one collective that also carries each rank's verdict, so all ranks skip together.
+ranks in one collective that also carries each rank's verdict, so all ranks skip together. The
+average is weighted by each rank's samples, so ranks with unequal minibatches (GRPO's rounds, masked
+transitions, shards not divisible by the ranks) give the gradient of the mean loss over their union.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ class GuardedStep:
         self.skipped = 0  # over the whole run
         self.consecutive = 0
 
-    def __call__(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def __call__(self, loss: torch.Tensor, terms: dict[str, torch.Tensor], samples: int = 1) -> torch.Tensor | None:
         """Apply ``loss``; return the gradient norm before clipping, or None when skipped.
 
-        ``terms`` are the named parts of the loss, used to say which one went non-finite.
+        ``terms`` are the named parts of the loss, used to say which one went non-finite; ``samples``:
+        how many samples ``loss`` is the mean over (this rank's weight in the average across ranks).
         """
         self.optimizer.zero_grad(set_to_none=True)
         bad = [name for name, value in terms.items() if not bool(torch.isfinite(value).all())]
@@ -46,8 +49,8 @@ class GuardedStep:
             bad = ["loss"]
         if not bad:
             loss.backward()
-        if self.ranks is not None and self.ranks.world_size > 1 and self._average_across_ranks(bool(bad)) and not bad:
-            bad = ["loss on another learner rank"]
+        if self.ranks is not None and self.ranks.world_size > 1 and self._average_across_ranks(bool(bad), samples):
+            bad = bad or ["loss on another learner rank"]
         if not bad:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             if bool(torch.isfinite(grad_norm)):
@@ -66,14 +69,16 @@ class GuardedStep:
             )
         return None
 
-    def _average_across_ranks(self, skipped_here: bool) -> bool:
-        """All-reduce the gradients (mean) and the skip verdicts in one collective; True if any rank skips."""
+    def _average_across_ranks(self, skipped_here: bool, samples: int) -> bool:
+        """All-reduce the sample-weighted gradients, the sample counts and the skip verdicts in one collective;
+        True if any rank skips."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([float(skipped_here)], device=grads[0].device)])
+        tail = torch.tensor([float(skipped_here), float(samples)], device=grads[0].device)
+        flat = torch.cat([g.reshape(-1) * samples for g in grads] + [tail])
         self.ranks.all_reduce(flat)
-        skipped_anywhere = bool(flat[-1] > 0)
+        skipped_anywhere, total = bool(flat[-2] > 0), flat[-1]
         offset = 0
         for p, g in zip(self.params, grads, strict=True):
-            p.grad = (flat[offset : offset + g.numel()] / self.ranks.world_size).view_as(p)
+            p.grad = (flat[offset : offset + g.numel()] / total).view_as(p)
             offset += g.numel()
         return skipped_anywhere

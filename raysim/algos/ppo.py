@@ -32,7 +32,9 @@ class PPOConfig:
     gamma: float = setting(0.99, help="discount", low=0, high=1)
     gae_lambda: float = setting(0.95, help="GAE's lambda", low=0, high=1)
     lr: float = setting(3e-4, help="Adam's learning rate", low=0, open_low=True)
-    lr_schedule: str = setting("constant", help="linear: to 0 over the run", choices=("constant", "linear"))
+    lr_schedule: str = setting(
+        "constant", help="linear: to 0 at train.total_steps, on the env steps consumed", choices=("constant", "linear")
+    )
     update_epochs: int = setting(4, help="passes over each iteration's batch", low=1)
     num_minibatches: int = setting(4, help="minibatches per pass", low=1)
     clip_coef: float = setting(0.2, help="the ratio's clip range epsilon", low=0, high=1, open_low=True, open_high=True)
@@ -41,8 +43,13 @@ class PPOConfig:
     ent_coef: float = setting(0.0, help="weight of the entropy bonus", low=0)
     norm_adv: bool = setting(True, help="normalize the advantages per minibatch")
     max_grad_norm: float = setting(0.5, help="global gradient-norm clip", low=0, open_low=True)
+    # CleanRL's rule: after each epoch, stop the update if the approx_kl of the epoch's last minibatch
+    # exceeds it (over learner ranks: the sample-weighted mean, so all ranks stop together); None: off
     target_kl: float | None = setting(
-        None, help="stop the epochs early once approx_kl exceeds it", low=0, open_low=True
+        None,
+        help="stop after an epoch whose last minibatch's approx_kl exceeds it (CleanRL's rule)",
+        low=0,
+        open_low=True,
     )
     max_nonfinite_updates: int = setting(3, help="consecutive skipped minibatches before training stops", low=1)
     reward_scale: bool = setting(False, help="divide rewards by the running std of the discounted return")

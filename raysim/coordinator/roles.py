@@ -51,8 +51,8 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
     )
 
 
-def create_learner(backend: Backend, config: Config, spaces: tuple, iterations: int) -> LearnerGroup:
-    """The learner group of ``config`` (``learner.ranks`` ranks); ``iterations``: the updates planned."""
+def create_learner(backend: Backend, config: Config, spaces: tuple, horizon: int) -> LearnerGroup:
+    """The learner group of ``config`` (``learner.ranks`` ranks); ``horizon``: the env steps planned (schedule)."""
     observation_spaces, action_space = spaces
     return LearnerGroup(
         backend,
@@ -61,7 +61,7 @@ def create_learner(backend: Backend, config: Config, spaces: tuple, iterations: 
         action_space=action_space,
         model=config.model,
         algo=config.algo,
-        iterations=iterations,
+        horizon=horizon,
         seed=config.seed,
         device=config.learner.device,
         options={
@@ -72,7 +72,7 @@ def create_learner(backend: Backend, config: Config, spaces: tuple, iterations: 
     )
 
 
-def create_roles(backend: Backend, config: Config, iterations: int) -> Roles:
+def create_roles(backend: Backend, config: Config, horizon: int) -> Roles:
     """Every role of a run: training shards, evaluation shards (when the run evaluates), the learner group."""
     shards = [create_shard(backend, config, i) for i in range(config.shards.count)]
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
@@ -87,4 +87,4 @@ def create_roles(backend: Backend, config: Config, iterations: int) -> Roles:
         raise ResourceError(f"{error}:\n{describe_needs(needs(config))}") from error
     observation_spaces, action_space, max_episode_steps = started[0]
     spaces: tuple[Any, ...] = (observation_spaces, action_space)
-    return Roles(shards, eval_shards, create_learner(backend, config, spaces, iterations), max_episode_steps, spaces)
+    return Roles(shards, eval_shards, create_learner(backend, config, spaces, horizon), max_episode_steps, spaces)

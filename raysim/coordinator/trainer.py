@@ -36,7 +36,7 @@ from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.snapshot import choose_run_dir, resume_refusal, write_snapshot
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards
-from raysim.identity import differences, env_identity
+from raysim.identity import checkpoint_identity, differences, env_identity
 from raysim.learner.group import combined
 from raysim.metrics import SinkSet, make_sinks
 from raysim.records import write_evaluation
@@ -133,11 +133,12 @@ class Trainer:
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
         self.plan = algorithm_class(config.algo.name).collection(config.algo)
         # fixed batches: every iteration collects rows x steps_per_row; else (grouped episodes, elastic
-        # shards) the batch varies and the run stops on its env steps. The plan counts the least an
-        # iteration collects (one step per row for grouped episodes): the linear schedule's horizon.
+        # shards) the batch varies and the run stops on its env steps. The schedule's horizon, in env
+        # steps: what the planned iterations of fixed batches collect, else the budget.
         rows, per_row = config.shards.count * config.env.num_envs, self.plan.steps_per_row
         self.fixed_batches = per_row is not None and not config.shards.max
         self.planned = max(1, math.ceil(config.train.total_steps / (rows * (per_row or 1))))
+        self.horizon = self.planned * rows * per_row if self.fixed_batches else config.train.total_steps
         self.learner_restarts = 0
         self.fault_at = os.environ.get("RAYSIM_FAULT_AT", "")  # tests: "<phase>:<iteration>[:kill|term|int]"
 
@@ -167,15 +168,16 @@ class Trainer:
         if refusal:
             raise ConfigError(f"cannot resume {run_dir}: {refusal}")
         identity, canonical = env_identity(to_dict(config_obj.env))
-        if identity != meta.get("identity"):
-            lines = differences(meta.get("canonical_env", {}), canonical)
+        saved, saved_canonical = checkpoint_identity(meta)  # in today's form: older runs resume too
+        if identity != saved:
+            lines = differences(saved_canonical, canonical)
             message = "the env differs from the checkpoint's:\n  " + "\n  ".join(
                 lines or ["(no canonical config saved)"]
             )
             if not force:
                 raise ConfigError(f"cannot resume {run_dir}: {message}\nPass --force to resume anyway.")
             print(f"raysim: WARNING: resuming with --force although {message}", flush=True)
-        point = ResumePoint(checkpoint, state, meta, force=identity != meta.get("identity"))
+        point = ResumePoint(checkpoint, state, meta, force=identity != saved)
         return cls(config_obj, address=address, resume=point, break_lock=break_lock)
 
     # -- the run -------------------------------------------------------------------------------
@@ -234,7 +236,7 @@ class Trainer:
 
     def _prepare(self) -> None:
         """Roles, the run state to start from (a new run's snapshot, or a checkpoint's), the sinks."""
-        self.roles = create_roles(self.backend, self.config, self.planned)  # self.roles: for inspection
+        self.roles = create_roles(self.backend, self.config, self.horizon)  # self.roles: for inspection
         self.collector = Collector(self.backend, self.config, self.roles.shards, self.plan)
         self.ready = self._restore() if self.resume else self._begin()
         self.first = self.ready.state  # where this process started
@@ -343,7 +345,7 @@ class Trainer:
             chunks = self.collector.collect(self.weights)  # futures; dead shards replaced
         self._fault("collect", iteration)
         with clock.phase("time_update"):
-            result = roles.learner.update(chunks, log=log)
+            result = roles.learner.update(chunks, log=log, env_steps=before.env_steps)
             self.weights = roles.learner.get_weights()
         self._fault("update", iteration)
         clock.iterations += 1
@@ -538,7 +540,7 @@ class Trainer:
             ) from error
         for handle in roles.learner.handles:
             self.backend.kill(handle)
-        roles.learner = create_learner(self.backend, cfg, roles.spaces, self.planned)
+        roles.learner = create_learner(self.backend, cfg, roles.spaces, self.horizon)
         died = f"raysim: fault: the learner died ({type(error).__name__})"
         if self.ready.state.iteration == 0:
             print(f"{died} before the first iteration completed: started a new one", flush=True)

@@ -37,6 +37,7 @@ class CartPole(TorchEnv):
     """``raysim/CartPole``: observation group ``policy`` = (x, x_dot, theta, theta_dot)."""
 
     env_id = "raysim/CartPole"
+    defines_success = False
     state_keys = ("state",)
 
     def __init__(

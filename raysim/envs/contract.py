@@ -68,6 +68,9 @@ class BatchedEnv:
     max_episode_steps: int | None
     #: True when ``reset_rows`` with equal seeds gives equal initial observations.
     seeded_reset: bool = True
+    #: Whether the episode reports carry ``success``: a property of the task, known before any episode
+    #: ends (an evaluation with no completed episode still reports k/n); None: only the reports can tell.
+    defines_success: bool | None = None
 
     def reset(self, seed: int | None = None) -> Obs:
         """Start a new episode in every row; ``seed`` makes the whole batch reproducible."""

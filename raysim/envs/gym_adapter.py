@@ -33,6 +33,8 @@ from raysim.envs.contract import BatchedEnv, Obs, Step, check_actions, check_num
 from raysim.envs.errors import UnknownEnvError
 
 VECTORIZE = ("sync", "async", "native")
+#: The adapter's own options: how it runs the env, not what the env is (left out of the env identity).
+RUNTIME_OPTIONS = ("vectorize", "autoreset_mode")
 
 
 class GymAdapter(BatchedEnv):

@@ -22,8 +22,10 @@ term            value                                               reads
 
 A group is an ordered list of term entries, each a term name or a mapping
 ``{term: NAME, noise: STD, scale: S}``; the group's observation is the concatenation, in that
-order, of ``(term(env) + noise_std * N(0, 1)) * scale``. The Gaussian noise is drawn from the
-generator passed to ``compute`` (the env's own), only for entries with ``noise > 0``. Example::
+order, of ``(term(env) + noise_std * N(0, 1)) * scale``. The standard normal draws are passed to
+``compute`` (``noise_width(env)`` columns, taken in entry order by the entries with ``noise > 0``);
+the env draws them as counter-based noise of each row's episode key and step
+(``raysim.seeding.keyed_normal``), so a row's noise does not depend on the batch it is in. Example::
 
     observations:
       policy: [{term: joint_pos, noise: 0.01}, {term: joint_vel, noise: 0.05, scale: 0.2}, goal_rel]
@@ -35,7 +37,7 @@ the env's state).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,10 +97,15 @@ class ObsTerm:
     noise: float = 0.0
     scale: float | Sequence[float] = 1.0
 
-    def __call__(self, env: Any, generator: torch.Generator | None) -> torch.Tensor:
+    def __call__(self, env: Any, noise: Iterator[torch.Tensor] | None = None) -> torch.Tensor:
+        """The entry's value; ``noise``: columns [N] of standard normal draws, one taken per value element
+        when the entry is noisy."""
         value = self.fn(env).float()
         if self.noise > 0:
-            value = value + self.noise * torch.randn(value.shape, generator=generator, device=value.device)
+            if noise is None:
+                raise ValueError(f"observation term {self.name!r} is noisy: compute needs noise draws")
+            draws = torch.stack([next(noise) for _ in range(value[0].numel())], 1)
+            value = value + self.noise * draws.reshape(value.shape).to(value)
         return value * torch.as_tensor(self.scale, dtype=value.dtype, device=value.device)
 
 
@@ -122,7 +129,7 @@ def parse_entry(entry: str | Mapping[str, Any], terms: Mapping[str, Term] = TERM
 
 
 class ObservationGroups:
-    """Named groups of terms: ``{group: [entry, ...]}`` -> ``compute(env, generator)``."""
+    """Named groups of terms: ``{group: [entry, ...]}`` -> ``compute(env, noise)``."""
 
     def __init__(self, config: Mapping[str, Sequence[str | Mapping[str, Any]]], terms: Mapping[str, Term] = TERMS):
         if not isinstance(config, Mapping) or "policy" not in config:
@@ -133,19 +140,20 @@ class ObservationGroups:
                 raise ValueError(f"observation group {group!r} must be a non-empty list of terms, got {entries!r}")
             self.groups[str(group)] = [parse_entry(e, terms) for e in entries]
 
-    @property
-    def noisy(self) -> bool:
-        """True when some entry adds noise (equal reset seeds then give unequal observations)."""
-        return any(t.noise > 0 for terms in self.groups.values() for t in terms)
-
     def names(self, group: str) -> list[str]:
         """The term names of ``group``, in order."""
         return [t.name for t in self.groups[group]]
 
-    def compute(self, env: Any, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """Every group's observation [N, sum of term dims] (new tensors)."""
+    def noise_width(self, env: Any) -> int:
+        """How many standard normal draws per row ``compute`` needs: the elements of the noisy entries."""
+        return sum(int(np.prod(t.fn(env).shape[1:])) for terms in self.groups.values() for t in terms if t.noise > 0)
+
+    def compute(self, env: Any, noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Every group's observation [N, sum of term dims] (new tensors); ``noise``: standard normal draws
+        [N, noise_width(env)], needed when some entry is noisy."""
+        columns = None if noise is None else iter(noise.unbind(1))
         return {
-            group: torch.cat([term(env, generator).flatten(1) for term in terms], dim=1)
+            group: torch.cat([term(env, columns).flatten(1) for term in terms], dim=1)
             for group, terms in self.groups.items()
         }
 

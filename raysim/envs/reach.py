@@ -35,9 +35,11 @@ Actions ``[N, J]`` in ``[-1, 1]`` (values outside are clipped) go to the action 
 by ``actions`` (default: relative to the current joint position, scale 0.2 rad, targets clamped
 to the joint limits). Observations are the groups configured by ``observations``
 (``raysim.envs.observations``); by default ``policy`` and a noise-free, privileged ``critic``.
-Observation noise is drawn from the env's generator for the whole batch: with noise configured,
-equal reset seeds no longer give equal observations (``seeded_reset`` is False, so GRPO refuses
-the env), and seeded evaluations are exact only for a fixed layout of evaluation rows.
+Observation noise is counter-based (``raysim.seeding.keyed_normal``): row ``i`` at step ``t`` of its
+episode draws from its episode's key and ``t`` alone, the key being drawn at the episode's reset
+from the reset's generator. So equal reset seeds give equal observations and equal noise
+(``seeded_reset`` holds: GRPO group members share their noise as they share their start), and a
+seeded evaluation does not depend on the layout of its rows.
 
 Options (defaults): ``num_links`` 2, ``link_lengths`` ``1/num_links`` each (reach radius 1),
 ``joint_limits`` [-2.8, 2.8] rad for every joint (or ``[[lo...], [hi...]]``), ``dt`` 0.01 s,
@@ -46,7 +48,7 @@ reach radius, ``hold_steps`` 1, ``hard_limits`` off, ``init_joint_range`` 0.5,
 ``min_goal_distance`` 2 x tolerance, ``max_episode_steps`` 100, ``actions`` / ``observations`` /
 ``rewards`` as ``DEFAULT_ACTIONS`` / ``DEFAULT_OBSERVATIONS`` / ``DEFAULT_REWARDS``.
 ``get_state`` / ``set_state`` (checkpoints) cover every row's episode, the action term's
-targets and the generator.
+targets, the noise keys and the generator.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from raysim.envs.actions import make_action_term
 from raysim.envs.contract import Obs
 from raysim.envs.observations import ObservationGroups
 from raysim.envs.torch_env import TorchEnv
+from raysim.seeding import keyed_normal
 
 DEFAULT_ACTIONS = {"type": "relative", "scale": 0.2, "reference": "position", "limit": "joint_limits"}
 DEFAULT_OBSERVATIONS = {
@@ -86,6 +89,7 @@ class Reach(TorchEnv):
     """``raysim/Reach``: planar arm reaching; see the module docstring for the task."""
 
     env_id = "raysim/Reach"
+    defines_success = True
     #: the tensors that, with the action term's target, make up the task state (checkpoints)
     state_keys = (
         "joint_pos",
@@ -131,7 +135,6 @@ class Reach(TorchEnv):
             DEFAULT_ACTIONS if actions is None else actions, self.num_envs, J, self.joint_limits, self.device
         )
         self.observations = ObservationGroups(DEFAULT_OBSERVATIONS if observations is None else observations)
-        self.seeded_reset = not self.observations.noisy  # noise makes equal seeds give unequal observations
 
         N, f = self.num_envs, dict(device=self.device)
         self.joint_pos = torch.zeros(N, J, **f)
@@ -144,6 +147,8 @@ class Reach(TorchEnv):
         self.succeeded = torch.zeros(N, dtype=torch.bool, **f)
         self.failed = torch.zeros(N, dtype=torch.bool, **f)
         self.reward_sums = torch.zeros(N, len(self.reward_names), **f)  # per-episode sums of weight * term
+        self.noise_key = torch.zeros(N, dtype=torch.int64, **f)  # each row's episode key of observation noise
+        self.noise_width = self.observations.noise_width(self)  # draws per row and observation (0: none)
 
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(J,), dtype=np.float32)
         self.reset(seed)
@@ -268,6 +273,9 @@ class Reach(TorchEnv):
         self.failed[rows] = False
         self.reward_sums[rows] = 0.0
         self.action_term.reset(rows, start)
+        if self.noise_width:  # drawn last: without noise the starts are those of a noise-free Reach
+            key = torch.randint(-(2**63), 2**63 - 1, (n,), generator=generator, dtype=torch.int64, device=self.device)
+            self.noise_key[rows] = key
 
     def _advance(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         action = actions.to(self.joint_pos).clamp(-1.0, 1.0)
@@ -309,7 +317,10 @@ class Reach(TorchEnv):
         return reward, succeeded | failed
 
     def _observe(self) -> Obs:
-        return self.observations.compute(self, self.generator)
+        noise = None
+        if self.noise_width:  # the step counter is the episode's: 0 at the reset, t after t steps
+            noise = keyed_normal(self.noise_key, self.episode_length, self.noise_width)
+        return self.observations.compute(self, noise)
 
     def _episode_report(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         length = self.episode_length.index_select(0, rows).clamp(min=1).float()
@@ -326,8 +337,11 @@ class Reach(TorchEnv):
     def get_state(self) -> dict[str, torch.Tensor]:
         state = super().get_state()
         state["action_target"] = self.action_term.target.clone()
+        state["noise_key"] = self.noise_key.clone()
         return state
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
         super().set_state(state)
         self.action_term.target = state["action_target"].to(self.device).clone()
+        if "noise_key" in state:  # states saved before the keys existed continue with fresh keys
+            self.noise_key = state["noise_key"].to(self.device).clone()

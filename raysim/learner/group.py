@@ -39,14 +39,14 @@ class LearnerGroup:
     def ranks(self) -> int:
         return len(self.handles)
 
-    def update(self, chunks: list[Any], log: bool = True) -> dict[str, float]:
-        """One update on all ranks; rank ``r`` takes ``chunks[r::R]``.
+    def update(self, chunks: list[Any], log: bool = True, env_steps: int = 0) -> dict[str, float]:
+        """One update on all ranks; rank ``r`` takes ``chunks[r::R]``; ``env_steps``: consumed before it (schedule).
 
         Returns rank 0's counters (``env_steps`` summed over the ranks) and, with ``log``, the
         metrics since the last log step, already reduced across the ranks (see ``Learner.metrics``).
         """
         calls = [
-            h.call_split(Learner.update_and_snapshot, *chunks[r :: self.ranks], log=log, returns=2)
+            h.call_split(Learner.update_and_snapshot, *chunks[r :: self.ranks], log=log, env_steps=env_steps, returns=2)
             for r, h in enumerate(self.handles)
         ]
         results = self.backend.get([result for result, _ in calls])

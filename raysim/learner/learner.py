@@ -43,7 +43,8 @@ def resolve_device(device: str) -> torch.device:
 class Learner:
     """Trains an ``ActorCritic`` with the algorithm ``algo.name`` on rollout chunks; publishes versioned weights.
 
-    ``iterations``: the updates the run plans, the horizon of a ``linear`` learning-rate schedule.
+    ``horizon``: the env steps the run plans to consume; a ``linear`` learning rate falls from
+    ``algo.lr`` to 0 over them, on the env steps consumed (variable GRPO rounds and elastic shards too).
     """
 
     def __init__(
@@ -52,7 +53,7 @@ class Learner:
         action_space: gym.Space,
         model: ModelConfig,
         algo: Any,
-        iterations: int,
+        horizon: int,
         seed: int = 0,
         device: str = "cpu",
         rank: int = 0,
@@ -67,10 +68,7 @@ class Learner:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=algo.lr, eps=1e-5)
         if algo.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"algo.lr_schedule must be one of {LR_SCHEDULES}, got {algo.lr_schedule!r}")
-        linear = algo.lr_schedule == "linear"
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda i: max(0.0, 1.0 - i / max(1, iterations)) if linear else 1.0
-        )
+        self.lr, self.linear, self.horizon = algo.lr, algo.lr_schedule == "linear", max(1, int(horizon))
         self.step = GuardedStep(self.optimizer, algo.max_grad_norm, algo.max_nonfinite_updates, self.ranks)
         self.generator = torch.Generator()
         self.generator.manual_seed(derive_seed(seed, 4, rank))
@@ -99,11 +97,11 @@ class Learner:
         return {"version": self.version, "actor": actor}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue training: model, optimizer, schedule, RNG, version, the algorithm's."""
+        """Everything needed to continue training: model, optimizer, RNG, version, the algorithm's (the
+        schedule follows the run's env steps)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
             "version": self.version,
             **self.algorithm.state_dict(),
@@ -119,9 +117,11 @@ class Learner:
         ready (in the object store) when a signal stops the run or the learner dies in a later phase."""
         return cpu_copy(self.state_dict() if self.ranks.rank == 0 else self.rank_state())
 
-    def update_and_snapshot(self, *chunks: RolloutChunk, log: bool = True) -> tuple[dict[str, float], dict[str, Any]]:
+    def update_and_snapshot(
+        self, *chunks: RolloutChunk, log: bool = True, env_steps: int = 0
+    ) -> tuple[dict[str, float], dict[str, Any]]:
         """``update`` and then ``snapshot``: the coordinator receives both as separate objects."""
-        return self.update(*chunks, log=log), self.snapshot()
+        return self.update(*chunks, log=log, env_steps=env_steps), self.snapshot()
 
     def load_state(self, state: dict[str, Any]) -> int:
         """Restore a checkpoint's learner state on every rank (errors agreed on); returns the policy version.
@@ -136,7 +136,6 @@ class Learner:
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
             self.generator.set_state(state["generator"])
             self.version = int(state["version"])
             self.algorithm.load_state_dict(state)
@@ -147,20 +146,27 @@ class Learner:
 
     # -- training ------------------------------------------------------------------------------
 
-    def update(self, *chunks: RolloutChunk, log: bool = True) -> dict[str, float]:
+    def learning_rate(self, env_steps: int) -> float:
+        """The rate of an update after ``env_steps`` consumed env steps: ``algo.lr``, or linear to 0 at ``horizon``."""
+        return self.lr * max(0.0, 1.0 - env_steps / self.horizon) if self.linear else self.lr
+
+    def update(self, *chunks: RolloutChunk, log: bool = True, env_steps: int = 0) -> dict[str, float]:
         """One update on the chunks; returns counters, and at a log step the metrics.
 
-        Always returned (host data, no device copy): this rank's ``env_steps`` (the group sums
-        them), ``policy_version``, ``skipped_updates`` and ``lr``. The update's metrics and the
+        ``env_steps``: the env steps the run consumed before this update (the run state's, summed over
+        shards and ranks), the schedule's clock. Always returned (host data, no device copy): this
+        rank's ``env_steps`` (the group sums them), ``policy_version``, ``skipped_updates`` and ``lr``
+        (the rate of this update). The update's metrics and the
         episode statistics stay tensors on the device, accumulated over the iterations since the
         last log step; with ``log`` (or a later ``metrics()`` call) they are reduced across ranks
         and copied to the host once (see ``metrics``).
         """
         chunks_here = [to_device(c, self.device) for c in chunks]
         self.update_normalizers(chunks_here)  # before the algorithm's values and advantages (model.obs_norm)
+        lr = self.learning_rate(env_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         metrics = self.algorithm.update(chunks_here, self.step, self.generator)
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
         self.version += 1
         self.window.add(metrics, episode_sums(chunks))
         result = {

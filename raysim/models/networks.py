@@ -24,6 +24,7 @@ from torch import nn
 
 from raysim.models.normalizer import RunningNorm
 from raysim.schema import setting
+from raysim.seeding import keyed_normal, keyed_uniform
 
 
 class Tanh(nn.Module):
@@ -108,14 +109,27 @@ class Actor(nn.Module):
         x = obs.flatten(1)
         return self.net(x if self.obs_norm is None else self.obs_norm(x))
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """A sampled action and its log-probability, without building distribution objects."""
+    def sample(
+        self,
+        obs: torch.Tensor,
+        generator: torch.Generator | None = None,
+        keys: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled action and its log-probability, without building distribution objects.
+
+        ``keys``: ``(key [B], counter [B])`` int64; the draws are then the counter-based noise of
+        ``raysim.seeding`` (row ``i``'s depend on its key and counter alone), not the generator's.
+        """
         out = self(obs)
         if self.discrete:
             log_probs = out.log_softmax(-1)
-            action = sample_categorical(log_probs.exp(), generator)
+            uniform = None if keys is None else keyed_uniform(*keys, out.shape[-1])
+            action = sample_categorical(log_probs.exp(), generator, uniform=uniform)
             return action, log_probs.gather(1, action.unsqueeze(1)).squeeze(1)
-        noise = torch.randn(out.shape, generator=generator, dtype=out.dtype, device=out.device)
+        if keys is None:
+            noise = torch.randn(out.shape, generator=generator, dtype=out.dtype, device=out.device)
+        else:
+            noise = keyed_normal(*keys, out.shape[-1], out.dtype)
         action = out + noise * self.log_std.exp()
         logp = -0.5 * noise.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
         return action, logp
@@ -157,6 +171,7 @@ def sample_categorical(
     generator: torch.Generator | None = None,
     noise: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    uniform: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One action per row [B] from ``probs`` [B, K]: ``argmax(probs / q)`` with ``q ~ Exp(1)``.
 
@@ -164,9 +179,13 @@ def sample_categorical(
     path: the same exponential draws from the generator, the same division and argmax), so the
     actions are bitwise those of ``multinomial``, without its argument checks (cheaper for
     small batches). ``noise`` [B, K] and ``out`` [B] int64 are optional preallocated buffers.
+    ``uniform`` [B, K] in (0, 1): ``q = -log(uniform)`` instead of the generator's draws.
     """
     q = torch.empty_like(probs) if noise is None else noise
-    q.exponential_(1, generator=generator)
+    if uniform is None:
+        q.exponential_(1, generator=generator)
+    else:
+        q.copy_(uniform.log().neg_())
     torch.div(probs, q, out=q)
     return torch.argmax(q, -1, out=out) if out is not None else q.argmax(-1)
 

@@ -29,7 +29,7 @@ import torch
 from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.models import Actor
 from raysim.rollout.chunk import RolloutChunk
-from raysim.seeding import derive_seed
+from raysim.seeding import EVAL_ACTION_NOISE, derive_seed
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,11 @@ class GroupEpisodes:
 class EvalEpisodes:
     """Seeded evaluation episodes on a shard's rows: row ``r`` plays ``quotas[r]`` counted episodes.
 
-    Episode ``k`` of global row ``row_offset + r`` starts from ``derive_seed(seed, row_offset + r, k)``.
-    ``max_steps`` bounds the batched steps; ``stop_after`` ends the run once that many episodes were
-    counted ("first n to finish", the biased count kept for comparison).
+    Episode ``k`` of global row ``row_offset + r`` starts from ``derive_seed(seed, row_offset + r, k)``;
+    a stochastic one (``deterministic`` False) samples its actions from counter-based noise keyed by
+    ``derive_seed(seed, EVAL_ACTION_NOISE, row_offset + r, k)`` and the episode's step, so neither
+    depends on the shard layout. ``max_steps`` bounds the batched steps; ``stop_after`` ends the run
+    once that many episodes were counted ("first n to finish", the biased count kept for comparison).
     """
 
     quotas: Sequence[int]
@@ -377,17 +379,27 @@ class EvalEnding(Ending):
         self.shard, self.plan = shard, plan
         self.started = torch.zeros(N, dtype=torch.int64)  # index of each row's running episode
         self.quota = torch.as_tensor(list(plan.quotas), dtype=torch.int64)
-        self.generator = torch.Generator()
-        self.generator.manual_seed(derive_seed(plan.seed, 5, plan.row_offset))
+        self.noise_key = torch.zeros(N, dtype=torch.int64)  # of each row's running episode (stochastic)
+        self.episode_step = torch.zeros(N, dtype=torch.int64)  # the counter of its noise
         self.results: list[tuple[dict, dict]] = []
         self.excluded = 0
 
     def seed_of(self, row: int, episode: int) -> int:
         return derive_seed(self.plan.seed, self.plan.row_offset + row, episode)
 
+    def start(self, rows: list[int]) -> Obs:
+        """Start the next episode of ``rows`` (index ``started[r]``) from its seeds; the obs of all rows."""
+        episodes = [int(self.started[r]) for r in rows]
+        if not self.plan.deterministic:
+            offset, seed = self.plan.row_offset, self.plan.seed
+            keys = [derive_seed(seed, EVAL_ACTION_NOISE, offset + r, k) for r, k in zip(rows, episodes, strict=True)]
+            self.noise_key[rows] = torch.tensor(keys, dtype=torch.int64)
+            self.episode_step[rows] = 0
+        seeds = [self.seed_of(r, k) for r, k in zip(rows, episodes, strict=True)]
+        return self.shard.env.reset_rows(torch.tensor(rows, dtype=torch.int64), seeds)
+
     def begin(self) -> Obs:
-        N = self.shard.env.num_envs
-        return self.shard.env.reset_rows(torch.arange(N), [self.seed_of(r, 0) for r in range(N)])
+        return self.start(list(range(self.shard.env.num_envs)))
 
     def running(self, t: int) -> bool:
         stop_after = self.plan.stop_after
@@ -401,9 +413,10 @@ class EvalEnding(Ending):
         actor = self.shard.actor
         if self.plan.deterministic:
             return actor.deterministic(obs["policy"])
-        return actor.sample(obs["policy"], self.generator)[0]
+        return actor.sample(obs["policy"], keys=(self.noise_key, self.episode_step))[0]
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
+        self.episode_step += 1
         bad_rows = [] if bad is None else bad.nonzero().squeeze(1).tolist()
         if step.done_rows.numel() == 0 and not bad_rows:
             return
@@ -427,5 +440,4 @@ class EvalEnding(Ending):
         self.excluded += sum(1 for r in bad_rows if self.started[r] < self.quota[r])
         restart = sorted(set(done) | set(bad_rows))
         self.started[restart] += 1
-        rows = torch.tensor(restart, dtype=torch.int64)
-        step.obs = self.shard.env.reset_rows(rows, [self.seed_of(r, int(self.started[r])) for r in restart])
+        step.obs = self.start(restart)

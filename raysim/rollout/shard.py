@@ -114,13 +114,14 @@ class EnvShard:
             self._raise_if_nonfinite(chunk, steps)
         return chunk
 
-    def evaluate(self, weights: dict, plan: EvalEpisodes) -> tuple[list[tuple[dict, dict]], int]:
-        """Play seeded evaluation episodes with per-row quotas: ``(record, report)`` per counted episode, and
-        how many counted episodes were left out for a non-finite value (``on_nonfinite: mask``)."""
+    def evaluate(self, weights: dict, plan: EvalEpisodes) -> tuple[list[tuple[dict, dict]], int, bool | None]:
+        """Play seeded evaluation episodes with per-row quotas: ``(record, report)`` per counted episode, how
+        many counted episodes were left out for a non-finite value (``on_nonfinite: mask``), and whether the
+        task defines success (``BatchedEnv.defines_success``)."""
         self.set_weights(weights)
         ending = EvalEnding(self, plan)
         self.act(ending)
-        return ending.results, ending.excluded
+        return ending.results, ending.excluded, self.env.defines_success
 
     def get_state(self) -> dict[str, Any]:
         """The shard's state for a checkpoint: env state (None if the env cannot save it), RNG, counters."""
