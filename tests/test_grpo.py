@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -16,8 +15,10 @@ from raysim.envs.cartpole import CartPole
 from raysim.learner import Learner
 from raysim.metrics import ParquetSink
 from raysim.models.networks import ModelConfig
+from raysim.records import read_metrics
 from raysim.rollout import GroupEpisodes, GroupResetError
 from raysim.rollout.shard import EnvShard
+from raysim.storage import open_storage
 
 
 def make_shard(num_envs=8, seed=3, critic=False):
@@ -206,8 +207,8 @@ def test_a_linear_schedule_falls_on_the_env_steps_of_grpos_variable_rounds_to_th
     overrides = ["backend=local", "env.num_envs=8", "algo.update_epochs=1", "algo.num_minibatches=2"]
     overrides += ["algo.lr_schedule=linear", "train.total_steps=1500", "train.log_every=1", "eval.episodes=0"]
     config = load_config("cartpole_grpo", [*overrides, f"run_dir={tmp_path / 'run'}"])
-    Trainer(config, sinks=[ParquetSink(tmp_path / "metrics.parquet")]).train()
-    rows = pq.read_table(tmp_path / "metrics.parquet").to_pylist()
+    Trainer(config, sinks=[ParquetSink(open_storage(tmp_path / "metrics"))]).train()
+    rows = read_metrics(open_storage(tmp_path / "metrics"))
     consumed = [0] + [int(r["env_steps"]) for r in rows[:-1]]  # before each round's update
     assert len({b - a for a, b in zip(consumed, consumed[1:], strict=False)}) > 1  # rounds of varying size
     assert [r["lr"] for r in rows] == [config.algo.lr * max(0.0, 1.0 - s / 1500) for s in consumed]

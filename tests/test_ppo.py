@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 from torch import nn
@@ -17,7 +16,9 @@ from raysim.coordinator import Trainer
 from raysim.learner import Learner
 from raysim.metrics import ParquetSink
 from raysim.models.networks import ModelConfig
+from raysim.records import read_metrics
 from raysim.rollout.shard import EnvShard
+from raysim.storage import open_storage
 from tests.support.threaded_ranks import ThreadedRanks
 
 EPS = 0.2
@@ -332,8 +333,8 @@ def test_fixed_batches_keep_the_per_iteration_linear_schedule_bitwise(tmp_path):
     overrides = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.update_epochs=1", "train.log_every=1"]
     overrides += ["algo.lr_schedule=linear", "train.total_steps=1000", "eval.episodes=0", f"run_dir={tmp_path / 'run'}"]
     config = load_config(None, overrides)
-    summary = Trainer(config, sinks=[ParquetSink(tmp_path / "metrics.parquet")]).train()
-    rows = pq.read_table(tmp_path / "metrics.parquet").to_pylist()
+    summary = Trainer(config, sinks=[ParquetSink(open_storage(tmp_path / "metrics"))]).train()
+    rows = read_metrics(open_storage(tmp_path / "metrics"))
     planned = 8  # ceil(1000 / 128) iterations of 128 env steps: the horizon is 1024 steps
     assert summary.iterations == planned and [r["iteration"] for r in rows] == list(range(1, planned + 1))
     assert [r["lr"] for r in rows] == [config.algo.lr * max(0.0, 1.0 - i / planned) for i in range(planned)]
