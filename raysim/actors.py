@@ -68,6 +68,11 @@ class Backend:
         """The result of a ``call`` (or a list of them)."""
         raise NotImplementedError
 
+    def wait(self, futures: list[Any], count: int, timeout: float | None = None) -> list[int]:
+        """The indices (in order) of the first ``count`` of ``futures`` to be ready, or of those ready after
+        ``timeout`` seconds (local: the first ones)."""
+        return list(range(min(count, len(futures))))
+
     def put(self, value: Any) -> Any:
         """``value`` where every role can read it (Ray: one object in the object store, passed by ref)."""
         return value
@@ -158,6 +163,11 @@ class RayBackend(Backend):
 
     def put(self, value: Any) -> Any:
         return self.ray.put(value)
+
+    def wait(self, futures: list[Any], count: int, timeout: float | None = None) -> list[int]:
+        ready, _ = self.ray.wait(list(futures), num_returns=min(count, len(futures)), timeout=timeout)
+        chosen = set(ready)
+        return [j for j, future in enumerate(futures) if future in chosen]
 
     def kill(self, handle: Handle) -> None:
         self.ray.kill(handle.actor)

@@ -213,8 +213,9 @@ def add_bench(commands, common) -> None:
     bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
     bench.add_argument(
         "name",
-        choices=["collect", "solve"],
-        help="collect: rollout collection latency against peers; solve: time to solve CartPole",
+        choices=["collect", "solve", "scale"],
+        help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
+        "scale: env steps/s against shards, lockstep and overlapped",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     bench.set_defaults(run=bench_command)
@@ -343,6 +344,10 @@ def bench_command(args: argparse.Namespace) -> int:
         from raysim.bench.solve import main as solve
 
         return solve(args.args)
+    if args.name == "scale":
+        from raysim.bench.scale import main as scale
+
+        return scale(args.args)
     from raysim.bench.collect import main as collect
 
     return collect(args.args)

@@ -76,6 +76,13 @@ class ShardsConfig:
     )
     max_restarts: int = setting(10, help="shards replaced after their process died, over the run", low=0)
     max: int | None = setting(None, help="elastic: grow up to this many shards as the cluster adds room", low=1)
+    first_arrived: float = setting(
+        1.0,
+        help="batch from the first chunks to arrive, this fraction of each rank's shards (1: all; timing-dependent)",
+        low=0,
+        high=1,
+        open_low=True,
+    )
 
 
 @dataclass

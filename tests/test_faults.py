@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import raysim
@@ -30,12 +31,16 @@ def rows(run_dir) -> list[dict]:
     return read_metrics(open_storage(run_dir))
 
 
-def test_a_shard_killed_during_its_rollout_is_replaced_and_the_iteration_batch_is_exact(ray_session, tmp_path, capsys):
+@pytest.mark.parametrize("lag", [0, 1])  # lag 1: the shard dies with its next chunk queued too
+def test_a_shard_killed_during_its_rollout_is_replaced_and_the_iteration_batch_is_exact(
+    ray_session, tmp_path, capsys, lag
+):
     marker = tmp_path / "crashed"
     config = raysim.load_config(
         None,
         [
             *SMALL,
+            f"algo.max_policy_lag={lag}",
             "env.id=tests.support.crashing:CrashOnce",
             f"env.kwargs={{crash_at: 40, marker: '{marker}'}}",
             f"run_dir={tmp_path / 'run'}",
@@ -99,6 +104,16 @@ def test_a_learner_that_dies_is_restarted_from_the_last_completed_iteration_and_
     assert summary.iterations == 6 and summary.env_steps == 6 * 2 * 4 * 32
     assert sink.iterations == [1, 2, 3, 4, 5, 6]  # nothing redone, nothing logged twice
     assert [r["iteration"] for r in rows(summary.run_dir)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_overlapped_run_whose_learner_dies_drops_the_chunks_in_flight_and_loses_nothing(
+    ray_session, tmp_path, capsys
+):
+    sink, summary = run_with_fault(tmp_path, "run", False, "checkpoint.every=0", "algo.max_policy_lag=1")
+    assert "restarted it from the last completed iteration 3;" in capsys.readouterr().out
+    assert summary.iterations == 6 and summary.env_steps == 6 * 2 * 4 * 32
+    assert [r["iteration"] for r in rows(summary.run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert [r["policy_lag"] for r in rows(summary.run_dir)] == [0, 1, 1, 0, 1, 1]  # collected anew at the restart
 
 
 def test_when_the_last_state_is_lost_too_the_learner_restarts_from_the_newest_checkpoint_and_the_rows_are_replaced(

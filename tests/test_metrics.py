@@ -127,7 +127,7 @@ def test_a_window_of_iterations_is_reduced_once_with_its_episodes_summed():
     )
     chunks = [shard.rollout(learner.get_weights(), 64) for _ in range(2)]
     quiet = learner.update(chunks[0], log=False)
-    assert set(quiet) == {"env_steps", "policy_version", "skipped_updates", "lr"}  # no device copy
+    assert set(quiet) == {"env_steps", "stale_steps", "policy_version", "skipped_updates", "lr"}  # no device copy
     logged = learner.update(chunks[1])
     returns = torch.cat([c.episodes["return"].float() for c in chunks])
     assert logged["episodes"] == returns.numel() and logged["env_steps"] == 256
@@ -162,7 +162,7 @@ def test_two_learner_ranks_log_the_mean_over_both_ranks_data(ray_session):
         chunks = [shard.rollout(weights, 64) for shard in shards]
         chunks[1].episodes["return"] = chunks[1].episodes["return"] + 1000.0  # rank 1's episodes stand out
         rounds.append(chunks)
-        result = group.update([ray_session.put(c) for c in chunks], log=False)
+        result = group.update([[ray_session.put(c)] for c in chunks], log=False)
         assert result["env_steps"] == 2 * 4 * 64 and "episode_return" not in result
     metrics = group.metrics()
     returns = torch.cat([c.episodes["return"].double() for chunks in rounds for c in chunks])

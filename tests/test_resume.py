@@ -206,12 +206,12 @@ def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_sa
     group.load_state(good)  # the group is still usable
     weights = ray_session.get(group.get_weights())
     chunks = [shard.rollout(weights, 16) for _ in range(2)]
-    metrics = group.update([ray_session.put(c) for c in chunks])
+    metrics = group.update([[ray_session.put(c)] for c in chunks])
     assert metrics["policy_version"] == 1 and metrics["env_steps"] == 128
     path = save_checkpoint(tmp_path / "run", 1, group.state_dict(), {"env_steps": 128})
     state, _ = load_checkpoint(path)
     group.load_state(state)
-    group.update([ray_session.put(shard.rollout(ray_session.get(group.get_weights()), 16)) for _ in range(2)])
+    group.update([[ray_session.put(shard.rollout(ray_session.get(group.get_weights()), 16))] for _ in range(2)])
     w0, w1 = (ray_session.get(h.call(Learner.get_weights)) for h in group.handles)
     assert w0["version"] == w1["version"] == 2
     assert all(torch.equal(w0["actor"][k], w1["actor"][k]) for k in w0["actor"])

@@ -11,7 +11,8 @@ found by name in the registry (``raysim.algos``) or as ``module.path:Class``.
 
 The learner reads these fields of every algorithm config: ``lr``, ``lr_schedule`` (``constant`` |
 ``linear``), ``max_grad_norm``, ``max_nonfinite_updates``; ``run_epochs`` reads ``update_epochs``,
-``num_minibatches`` and, where present, ``target_kl``.
+``num_minibatches`` and, where present, ``target_kl``; the coordinator reads ``max_policy_lag`` (how many
+policy versions the shards may collect ahead of the update).
 """
 
 from __future__ import annotations

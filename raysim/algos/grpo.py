@@ -45,6 +45,9 @@ class GRPOConfig:
     std_normalize: bool = setting(True, help="divide by the group's std (false: Dr. GRPO, centred only)")
     max_grad_norm: float = setting(0.5, help="global gradient-norm clip", low=0, open_low=True)
     max_nonfinite_updates: int = setting(3, help="consecutive skipped minibatches before training stops", low=1)
+    max_policy_lag: int = setting(
+        0, help="policy versions a chunk may lag its update (0: lockstep; 1: collect during the update)", low=0
+    )
 
 
 def group_advantages(

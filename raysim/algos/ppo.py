@@ -53,6 +53,9 @@ class PPOConfig:
     )
     max_nonfinite_updates: int = setting(3, help="consecutive skipped minibatches before training stops", low=1)
     reward_scale: bool = setting(False, help="divide rewards by the running std of the discounted return")
+    max_policy_lag: int = setting(
+        0, help="policy versions a chunk may lag its update (0: lockstep; 1: collect during the update)", low=0
+    )
 
 
 def clipped_objective(logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:

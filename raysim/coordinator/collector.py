@@ -1,12 +1,24 @@
-"""``Collector``: every shard's chunk of an iteration, with dead shards replaced and elastic growth.
+"""``Collector``: the shards' chunks of each iteration, collected ahead of the learner (overlap), with dead
+shards replaced, elastic growth and, optionally, batches of the first chunks to arrive.
 
-collector = Collector(backend, config, roles.shards, plan)
-chunks = collector.collect(weights)      # futures the learner resolves; the driver reads receipts only
-collector.grow()                         # elastic shards: add what the cluster has room for
+collector = Collector(backend, config, roles.shards, plan, ranks=2)
+batch = collector.collect(weights, version)   # futures the learner resolves; the driver reads receipts only
+learner.update(batch.parts, stale=batch.stale)
+collector.grow()                               # elastic shards: add what the cluster has room for
+
+Each shard keeps ``algo.max_policy_lag + 1`` collections queued (a Ray actor runs its calls in order):
+with lag 0 a shard collects only after the update it waits for (lockstep); with lag L it collects the
+next L chunks with the weights it has while the learner updates, so a chunk reaches an update at most
+L policy versions after the weights that acted. With ``shards.first_arrived`` below 1, each learner
+rank's batch is the first chunks to arrive from its own shards; a late chunk joins a later batch, or,
+past the lag bound, only its env steps and episodes are reported (``stale``).
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from raysim.actors import Backend, Handle, InputLost
@@ -15,47 +27,86 @@ from raysim.coordinator.roles import create_shard, shard_request
 from raysim.rollout import Collection, EnvShard
 
 
+@dataclass
+class Launch:
+    """One collection in flight on a shard: its futures and the policy version of the weights it acts with."""
+
+    weights: Any
+    version: int
+    chunk: Any = None
+    receipt: Any = None
+    state: Any = None  # the shard's state right after this chunk
+
+
+@dataclass
+class Batch:
+    """An iteration's chunks: ``parts[r]`` learner rank r's (futures), ``stale[r]`` its chunks past the lag
+    bound (reported, not trained), and the policy version each trained chunk was collected with."""
+
+    parts: list[list[Any]]
+    stale: list[list[Any]]
+    versions: list[int] = field(default_factory=list)
+
+
 class Collector:
     """Drives the training shards (``shards`` is the roles' list, changed in place)."""
 
-    def __init__(self, backend: Backend, config: Config, shards: list[Handle], plan: Collection):
-        self.backend, self.config, self.shards, self.plan = backend, config, shards, plan
+    def __init__(self, backend: Backend, config: Config, shards: list[Handle], plan: Collection, ranks: int = 1):
+        self.backend, self.config, self.shards, self.plan, self.ranks = backend, config, shards, plan, ranks
+        self.lag = config.algo.max_policy_lag
+        self.first_arrived = config.shards.first_arrived
         self.faults = 0  # shards replaced after their process died
         self.next_index = config.shards.count  # elastic: the index (and seed) of the next new shard
-        self.states: list[Any] = []  # each shard's state after its last chunk (futures), for a checkpoint
+        self.queues: list[deque[Launch]] = [deque() for _ in shards]
+        self.version = 0  # the learner's version at the batch being formed
+        self.states: list[Any] = [None] * len(shards)  # each shard's state after its last chunk taken (futures)
 
-    def collect(self, weights: Any) -> list[Any]:
-        """Every shard's chunk of this iteration, as futures the learner resolves.
+    def collect(self, weights: Any, version: int) -> Batch:
+        """The next batch: every shard's oldest queued chunk (or, with ``shards.first_arrived``, the first to
+        arrive), after topping every queue up with collections that act with ``weights`` (``version``).
 
-        The driver reads only each shard's small receipt. A shard whose process died (killed,
-        node lost) is replaced and its part collected again, so the iteration's batch has its
-        configured size and nothing is counted twice.
+        A shard whose process died (killed, node lost) is replaced and its queued chunks collected again,
+        so the batch has its configured size and nothing is counted twice.
         """
-        futures = [self._launch(shard, weights) for shard in self.shards]
-        chunks: list[Any] = [None] * len(futures)
-        while True:
-            for i, (chunk, receipt, _) in enumerate(futures):
-                if chunks[i] is not None:
-                    continue
-                try:
-                    self.backend.get(receipt)
-                    chunks[i] = chunk
-                except Exception as error:
-                    self.backend.discard(list(futures[i]))
-                    if not self.backend.is_actor_failure(error):
-                        raise
-                    try:
-                        replaced = self._replace(i, error)
-                    except InputLost:  # every shard's chunk of this iteration is lost with the weights
-                        self.backend.discard([f for triple in futures for f in triple])
-                        raise
-                    if not replaced:
-                        del futures[i], chunks[i]
-                        break  # the indices moved: look at the receipts again
-                    futures[i] = self._launch(self.shards[i], weights)
-            if all(chunk is not None for chunk in chunks):
-                self.states = [state for _, _, state in futures]
-                return chunks
+        self.version = version
+        batch = Batch([[] for _ in range(self.ranks)], [[] for _ in range(self.ranks)])
+        self._take_stale(batch)
+        for i, queue in enumerate(self.queues):
+            while len(queue) <= self.lag:
+                queue.append(self._launch(i, Launch(weights, version)))
+        taken = self._wait_all() if self.first_arrived >= 1 else self._wait_first()
+        for i in taken:
+            rank, target = i % self.ranks, self._target(i)
+            for _ in range(target):  # finished before the target (an actor runs its calls in order)
+                self._pop(i, batch.stale[rank])
+            batch.versions.append(self._pop(i, batch.parts[rank]).version)
+        return batch
+
+    def _pop(self, i: int, into: list[Any]) -> Launch:
+        """Shard ``i``'s oldest chunk, taken into ``into``; the shard's state is now the one after it."""
+        launch = self.queues[i].popleft()
+        self.states[i] = launch.state
+        into.append(launch.chunk)
+        return launch
+
+    def _take_stale(self, batch: Batch) -> None:
+        """Finished chunks of a late shard that are past the lag bound now: reported, not trained (first-arrived
+        batches only; the shard collects within the bound again)."""
+        i = 0
+        while self.first_arrived < 1 and i < len(self.shards):
+            queue = self.queues[i]
+            if queue and self.version - queue[0].version > self.lag and self.backend.wait([queue[0].receipt], 1, 0):
+                if self._received(i, 0) is not None and self.queues[i] is queue:  # neither dropped nor replaced
+                    self._pop(i, batch.stale[i % self.ranks])
+                continue  # the same index again: its next chunk, its replacement, or the next shard
+            i += 1
+
+    def reset(self) -> None:
+        """Drop every collection in flight (the shards start now or were set to an earlier state: they collect
+        anew) and take every shard's state as it is (a checkpoint's, until a chunk of it is taken)."""
+        self.backend.discard([f for q in self.queues for launch in q for f in (launch.chunk, launch.receipt)])
+        self.queues = [deque() for _ in self.shards]
+        self.states = [s.call(EnvShard.get_state) for s in self.shards]
 
     def grow(self) -> None:
         """Elastic shards: at an iteration boundary, add shards for the room the cluster has now.
@@ -67,13 +118,78 @@ class Collector:
         config = self.config
         add = min(self.backend.room_for(shard_request(config)), config.shards.max - len(self.shards))
         for _ in range(add):
-            self.shards.append(create_shard(self.backend, config, self.next_index))
+            shard = create_shard(self.backend, config, self.next_index)
+            self.shards.append(shard)
+            self.queues.append(deque())
+            self.states.append(shard.call(EnvShard.get_state))
             self.next_index += 1
         if add > 0:
             print(f"raysim: elastic: added {add} shard(s) for new capacity; {len(self.shards)} shards now", flush=True)
 
-    def _launch(self, shard: Handle, weights: Any) -> tuple[Any, Any, Any]:
-        return shard.call_split(EnvShard.collect, weights, self.plan, returns=3)
+    # -- waiting for chunks --------------------------------------------------------------------
+
+    def _target(self, i: int) -> int | None:
+        """The index of shard ``i``'s oldest queued chunk within the lag bound (None: none is)."""
+        fresh = (j for j, launch in enumerate(self.queues[i]) if self.version - launch.version <= self.lag)
+        return next(fresh, None)
+
+    def _wait_all(self) -> list[int]:
+        """Every shard, once its chunk to train on arrived, in shard order (dead shards replaced)."""
+        i = 0
+        while i < len(self.shards):
+            if self._received(i, self._target(i)) is None:  # dropped: the same index is the next shard now
+                continue
+            i += 1
+        return list(range(len(self.shards)))
+
+    def _wait_first(self) -> list[int]:
+        """Per learner rank, the first ``shards.first_arrived`` of its shards whose chunk to train on arrived."""
+        while True:
+            taken: list[int] = []
+            for rank in range(self.ranks):
+                mine = [i for i in range(len(self.shards)) if i % self.ranks == rank and self._target(i) is not None]
+                if not mine:
+                    raise RuntimeError(f"learner rank {rank} has no shard collecting within algo.max_policy_lag")
+                need = min(len(mine), max(1, math.ceil(self.first_arrived * len(mine))))
+                receipts = [self.queues[i][self._target(i)].receipt for i in mine]
+                ready = [mine[j] for j in self.backend.wait(receipts, need)]
+                if any(self._received(i, self._target(i)) is None for i in ready):
+                    break  # a shard was dropped: the indices moved, choose again
+                taken += ready
+            else:
+                return sorted(taken)
+
+    def _received(self, i: int, j: int) -> bool | None:
+        """Wait for the receipt of shard ``i``'s queued chunk ``j``: True; the shard died and was replaced: its
+        chunks within the lag bound relaunched, True once received; dropped (elastic, no room): None."""
+        while True:
+            try:
+                self.backend.get(self.queues[i][j].receipt)
+                return True
+            except Exception as error:
+                self.backend.discard([f for launch in self.queues[i] for f in (launch.chunk, launch.receipt)])
+                if not self.backend.is_actor_failure(error):
+                    raise
+                try:
+                    replaced = self._replace(i, error)
+                except InputLost:  # the weights are lost with the learner: every chunk in flight too
+                    self.reset()
+                    raise
+                if not replaced:
+                    del self.queues[i], self.states[i]
+                    return None
+                self.states[i] = self.shards[i].call(EnvShard.get_state)  # before its first chunk
+                fresh = [old for old in self.queues[i] if self.version - old.version <= self.lag]
+                self.queues[i] = deque(self._launch(i, Launch(old.weights, old.version)) for old in fresh)
+                if not self.queues[i]:
+                    return True
+                j = 0  # every relaunched chunk is within the bound
+
+    def _launch(self, i: int, launch: Launch) -> Launch:
+        launch.chunk, launch.receipt, launch.state = self.shards[i].call_split(
+            EnvShard.collect, launch.weights, self.plan, returns=3
+        )
+        return launch
 
     def _replace(self, i: int, error: Exception) -> bool:
         """Shard ``i`` died: replace it (True), or drop it when elastic and there is no room (False)."""

@@ -7,6 +7,8 @@ written, not a traceback from inside a shard on another node.
 
 from __future__ import annotations
 
+from typing import Any
+
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.envs import make
@@ -15,8 +17,9 @@ from raysim.envs.messages import captured
 from raysim.models import ActorCritic
 
 
-def check_env_and_model(config: Config) -> None:
-    """Build one row of the env and the model of ``config``; a ``ConfigError`` naming the key when it fails."""
+def check_env_and_model(config: Config) -> tuple[Any, Any]:
+    """Build one row of the env and the model of ``config``; a ``ConfigError`` naming the key when it fails.
+    Returns the env's observation spaces and action space (the learner is built from them)."""
     env_id = config.env.id
     try:
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
@@ -31,6 +34,7 @@ def check_env_and_model(config: Config) -> None:
         print(f"raysim: {env_id}: {message}", flush=True)
     try:
         ActorCritic(env.observation_spaces, env.action_space, config.model)
+        return env.observation_spaces, env.action_space
     except ValueError as error:
         raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from raysim.actors import Backend, Handle
 from raysim.config import Config
@@ -72,8 +71,9 @@ def create_learner(backend: Backend, config: Config, spaces: tuple, horizon: int
     )
 
 
-def create_roles(backend: Backend, config: Config, horizon: int) -> Roles:
-    """Every role of a run: training shards, evaluation shards (when the run evaluates), the learner group."""
+def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) -> Roles:
+    """Every role of a run: training shards, evaluation shards (when the run evaluates), the learner group,
+    all starting at once (``spaces``: the env's observation spaces and action space, from the preflight)."""
     shards = [create_shard(backend, config, i) for i in range(config.shards.count)]
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
         backend.request_capacity(shard_request(config), config.shards.max)
@@ -81,10 +81,9 @@ def create_roles(backend: Backend, config: Config, horizon: int) -> Roles:
     eval_shards = [
         create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)
     ]
+    learner = create_learner(backend, config, spaces, horizon)
     try:
         started = backend.wait_started([*shards, *eval_shards], EnvShard.spaces, "shards", config.resources_timeout)
     except TimeoutError as error:
         raise ResourceError(f"{error}:\n{describe_needs(needs(config))}") from error
-    observation_spaces, action_space, max_episode_steps = started[0]
-    spaces: tuple[Any, ...] = (observation_spaces, action_space)
-    return Roles(shards, eval_shards, create_learner(backend, config, spaces, horizon), max_episode_steps, spaces)
+    return Roles(shards, eval_shards, learner, started[0][2], spaces)

@@ -121,7 +121,7 @@ class Trainer:
         break_lock: bool = False,
     ):
         check_config(config)
-        check_env_and_model(config)
+        self.spaces = check_env_and_model(config)
         self.config = config
         self.address = address
         self.sinks = sinks
@@ -136,7 +136,7 @@ class Trainer:
         # shards) the batch varies and the run stops on its env steps. The schedule's horizon, in env
         # steps: what the planned iterations of fixed batches collect, else the budget.
         rows, per_row = config.shards.count * config.env.num_envs, self.plan.steps_per_row
-        self.fixed_batches = per_row is not None and not config.shards.max
+        self.fixed_batches = per_row is not None and not config.shards.max and config.shards.first_arrived >= 1
         self.planned = max(1, math.ceil(config.train.total_steps / (rows * (per_row or 1))))
         self.horizon = self.planned * rows * per_row if self.fixed_batches else config.train.total_steps
         self.learner_restarts = 0
@@ -236,9 +236,10 @@ class Trainer:
 
     def _prepare(self) -> None:
         """Roles, the run state to start from (a new run's snapshot, or a checkpoint's), the sinks."""
-        self.roles = create_roles(self.backend, self.config, self.horizon)  # self.roles: for inspection
-        self.collector = Collector(self.backend, self.config, self.roles.shards, self.plan)
+        self.roles = create_roles(self.backend, self.config, self.horizon, self.spaces)  # self.roles: for inspection
+        self.collector = Collector(self.backend, self.config, self.roles.shards, self.plan, self.config.learner.ranks)
         self.ready = self._restore() if self.resume else self._begin()
+        self.collector.reset()
         self.first = self.ready.state  # where this process started
         self.sinks_set = self._sinks(self.first)
 
@@ -341,12 +342,13 @@ class Trainer:
         log = self._log_due(iteration)
         if cfg.shards.max:
             self.collector.grow()
-        with clock.phase("time_collect"):
-            chunks = self.collector.collect(self.weights)  # futures; dead shards replaced
+        with clock.phase("time_collect"):  # the learner idles here: waiting for chunks
+            batch = self.collector.collect(self.weights, before.version)  # futures; dead shards replaced
         self._fault("collect", iteration)
-        with clock.phase("time_update"):
-            result = roles.learner.update(chunks, log=log, env_steps=before.env_steps)
+        with clock.phase("time_update"):  # the shards collect ahead meanwhile (algo.max_policy_lag)
+            result = roles.learner.update(batch.parts, batch.stale, log=log, env_steps=before.env_steps)
             self.weights = roles.learner.get_weights()
+        result["policy_lag"] = before.version - min(batch.versions)  # the oldest weights trained on
         self._fault("update", iteration)
         clock.iterations += 1
         state = before.advanced(int(result["env_steps"]), int(result["policy_version"]))
@@ -363,7 +365,7 @@ class Trainer:
             result.update(roles.learner.metrics())
         if log:
             self._log(state, result)
-        self.ready = Ready(state, roles.learner.snapshots, self.collector.states)  # iteration complete
+        self.ready = Ready(state, roles.learner.snapshots, list(self.collector.states))  # iteration complete
         if report is not None or (self._save_due() and self.stop_reason(state) is None):
             with clock.phase("time_checkpoint"), self.signals.deferred():  # an evaluated iteration is saved
                 checkpoint = self._save()
@@ -556,6 +558,7 @@ class Trainer:
             else:
                 how = self._load_roles(state)
                 print(f"{died}; restarted it from {source}; shards continue {how}", flush=True)
+        self.collector.reset()  # chunks in flight acted for the lost learner's future: collected anew
         self.weights = roles.learner.get_weights()
 
     def _surviving_state(self) -> tuple[str, dict[str, Any] | None]:

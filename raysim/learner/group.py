@@ -1,7 +1,7 @@
 """``LearnerGroup``: R learner ranks (data-parallel) that the coordinator calls as one learner.
 
     group = LearnerGroup(backend, 2, model=..., algo=...)  # ranks join one torch.distributed group
-    metrics = group.update(chunk_refs)                     # rank r takes chunks r, r+R, r+2R, ...
+    metrics = group.update(parts)                          # rank r trains on parts[r] (chunk refs)
     weights = group.get_weights()                          # rank 0's weights, an object ref
 
 Each rank reads only its own subset of the shards' chunks, so data ingress grows with the ranks;
@@ -39,19 +39,32 @@ class LearnerGroup:
     def ranks(self) -> int:
         return len(self.handles)
 
-    def update(self, chunks: list[Any], log: bool = True, env_steps: int = 0) -> dict[str, float]:
-        """One update on all ranks; rank ``r`` takes ``chunks[r::R]``; ``env_steps``: consumed before it (schedule).
+    def update(
+        self, parts: list[list[Any]], stale: list[list[Any]] | None = None, log: bool = True, env_steps: int = 0
+    ) -> dict[str, float]:
+        """One update on all ranks: rank ``r`` trains on ``parts[r]`` (and reports ``stale[r]``, chunks past
+        the lag bound); ``env_steps``: consumed before it (the schedule's clock).
 
-        Returns rank 0's counters (``env_steps`` summed over the ranks) and, with ``log``, the
-        metrics since the last log step, already reduced across the ranks (see ``Learner.metrics``).
+        Returns rank 0's counters (``env_steps`` and ``stale_steps`` summed over the ranks) and, with
+        ``log``, the metrics since the last log step, already reduced across the ranks (``Learner.metrics``).
         """
+        stale = stale or [[] for _ in parts]
         calls = [
-            h.call_split(Learner.update_and_snapshot, *chunks[r :: self.ranks], log=log, env_steps=env_steps, returns=2)
+            h.call_split(
+                Learner.update_and_snapshot,
+                *parts[r],
+                *stale[r],
+                stale=len(stale[r]),
+                log=log,
+                env_steps=env_steps,
+                returns=2,
+            )
             for r, h in enumerate(self.handles)
         ]
         results = self.backend.get([result for result, _ in calls])
         self.snapshots = [snapshot for _, snapshot in calls]
-        return {**results[0], "env_steps": sum(r["env_steps"] for r in results)}
+        summed = {k: sum(r[k] for r in results) for k in ("env_steps", "stale_steps")}
+        return {**results[0], **summed}
 
     def metrics(self) -> dict[str, float]:
         """The metrics since the last log step, reduced across the ranks (one collective)."""

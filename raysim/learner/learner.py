@@ -118,10 +118,10 @@ class Learner:
         return cpu_copy(self.state_dict() if self.ranks.rank == 0 else self.rank_state())
 
     def update_and_snapshot(
-        self, *chunks: RolloutChunk, log: bool = True, env_steps: int = 0
+        self, *chunks: RolloutChunk, stale: int = 0, log: bool = True, env_steps: int = 0
     ) -> tuple[dict[str, float], dict[str, Any]]:
         """``update`` and then ``snapshot``: the coordinator receives both as separate objects."""
-        return self.update(*chunks, log=log, env_steps=env_steps), self.snapshot()
+        return self.update(*chunks, stale=stale, log=log, env_steps=env_steps), self.snapshot()
 
     def load_state(self, state: dict[str, Any]) -> int:
         """Restore a checkpoint's learner state on every rank (errors agreed on); returns the policy version.
@@ -150,8 +150,11 @@ class Learner:
         """The rate of an update after ``env_steps`` consumed env steps: ``algo.lr``, or linear to 0 at ``horizon``."""
         return self.lr * max(0.0, 1.0 - env_steps / self.horizon) if self.linear else self.lr
 
-    def update(self, *chunks: RolloutChunk, log: bool = True, env_steps: int = 0) -> dict[str, float]:
+    def update(self, *chunks: RolloutChunk, stale: int = 0, log: bool = True, env_steps: int = 0) -> dict[str, float]:
         """One update on the chunks; returns counters, and at a log step the metrics.
+
+        The last ``stale`` chunks arrived past the policy-lag bound: their env steps and episodes are
+        counted and reported, they are not trained on.
 
         ``env_steps``: the env steps the run consumed before this update (the run state's, summed over
         shards and ranks), the schedule's clock. Always returned (host data, no device copy): this
@@ -161,7 +164,8 @@ class Learner:
         last log step; with ``log`` (or a later ``metrics()`` call) they are reduced across ranks
         and copied to the host once (see ``metrics``).
         """
-        chunks_here = [to_device(c, self.device) for c in chunks]
+        trained = chunks[: len(chunks) - stale]
+        chunks_here = [to_device(c, self.device) for c in trained]
         self.update_normalizers(chunks_here)  # before the algorithm's values and advantages (model.obs_norm)
         lr = self.learning_rate(env_steps)
         for group in self.optimizer.param_groups:
@@ -171,6 +175,7 @@ class Learner:
         self.window.add(metrics, episode_sums(chunks))
         result = {
             "env_steps": sum(int(c.env_steps) for c in chunks),
+            "stale_steps": sum(int(c.env_steps) for c in chunks[len(trained) :]),
             "policy_version": self.version,
             "skipped_updates": self.step.skipped,
             "lr": lr,

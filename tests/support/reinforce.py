@@ -26,6 +26,7 @@ class ReinforceConfig:
     num_minibatches: int = 1
     max_grad_norm: float = 0.5
     max_nonfinite_updates: int = 3
+    max_policy_lag: int = 0
 
 
 def returns_to_go(chunk: RolloutChunk, gamma: float) -> torch.Tensor:
