@@ -19,6 +19,7 @@ import pytest
 from raysim.checkpoint import Checkpoints
 from raysim.records import read_metrics
 from raysim.storage import open_storage
+from tests.support.ray_head import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [
@@ -41,12 +42,6 @@ TINY = [
     "--set",
     "env.kwargs.initial_states={generate: 16, seed: 3}",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
