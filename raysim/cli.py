@@ -213,8 +213,9 @@ def add_bench(commands, common) -> None:
     bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
     bench.add_argument(
         "name",
-        choices=["collect", "solve"],
-        help="collect: rollout collection latency against peers; solve: time to solve CartPole",
+        choices=["collect", "solve", "mujoco"],
+        help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
+        "mujoco: MuJoCo locomotion returns and wall time against CleanRL",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     bench.set_defaults(run=bench_command)
@@ -343,6 +344,10 @@ def bench_command(args: argparse.Namespace) -> int:
         from raysim.bench.solve import main as solve
 
         return solve(args.args)
+    if args.name == "mujoco":
+        from raysim.bench.mujoco import main as mujoco
+
+        return mujoco(args.args)
     from raysim.bench.collect import main as collect
 
     return collect(args.args)
