@@ -28,6 +28,7 @@ from raysim.bench.peers import MISSING, peer_module
 
 PEERS = ("raysim", "cleanrl")
 CONFIGS = ("halfcheetah_ppo", "hopper_ppo")
+SMOOTH = 10  # the plotted curves: running mean of this many curve rows
 LAST_EPISODES = 10  # CleanRL's measure: the mean training return of the last episodes
 # CleanRL ppo_continuous_action.py, 1M steps, MuJoCo v4: mean +- std over its benchmark seeds
 ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d": (2288.0, 571.8)}
@@ -191,6 +192,11 @@ def ratios(groups: dict[tuple, list[dict]]) -> str:
     return ("\n" + "\n".join(lines) + "\n") if lines else ""
 
 
+def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [statistics.fmean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
+
+
 def plot(results: list[dict], out: Path) -> Path:
     """Training episode return against env steps, one panel per env, one line per run."""
     import matplotlib
@@ -206,12 +212,14 @@ def plot(results: list[dict], out: Path) -> Path:
             with open(out / r["curve"]) as f:
                 rows = list(csv.DictReader(f))
             x = [int(row["env_steps"]) for row in rows]
-            y = [float(row["episode_return"]) for row in rows]
-            axis.plot(x, y, color=colors[r["peer"]], alpha=0.7, label=f"{r['peer']} seed {r['seed']}, {r['steps']:,} steps")
+            y = smoothed([float(row["episode_return"]) for row in rows])
+            axis.plot(
+                x, y, color=colors[r["peer"]], alpha=0.7, label=f"{r['peer']} seed {r['seed']}, {r['steps']:,} steps"
+            )
         base = env.split("-")[0]
         if base in ANCHORS:
             axis.axhline(ANCHORS[base][0], color="grey", linestyle="--", label="CleanRL published, 1M")
-        axis.set(title=env, xlabel="env steps", ylabel="training episode return")
+        axis.set(title=env, xlabel="env steps", ylabel=f"training episode return (mean of {SMOOTH} rows)")
         axis.legend(fontsize=7)
     figure.tight_layout()
     path = out / "curves.png"
