@@ -213,9 +213,10 @@ def add_bench(commands, common) -> None:
     bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
     bench.add_argument(
         "name",
-        choices=["collect", "solve", "scale"],
+        choices=["collect", "solve", "scale", "mujoco"],
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
-        "scale: env steps/s against shards, lockstep and overlapped",
+        "scale: env steps/s against shards, lockstep and overlapped; "
+        "mujoco: MuJoCo locomotion returns and wall time against CleanRL",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     bench.set_defaults(run=bench_command)
@@ -340,17 +341,9 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    if args.name == "solve":
-        from raysim.bench.solve import main as solve
+    import importlib
 
-        return solve(args.args)
-    if args.name == "scale":
-        from raysim.bench.scale import main as scale
-
-        return scale(args.args)
-    from raysim.bench.collect import main as collect
-
-    return collect(args.args)
+    return importlib.import_module(f"raysim.bench.{args.name}").main(args.args)
 
 
 def config_command(args: argparse.Namespace) -> int:

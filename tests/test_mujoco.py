@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -57,3 +59,63 @@ def test_halfcheetah_config_trains_a_few_iterations(tmp_path):
     summary = raysim.Trainer(config).train()
     assert summary.env_steps == 1024
     assert summary.evaluation.completed == 2 and np.isfinite(summary.evaluation.mean_return)
+
+
+def test_hopper_config_improves_its_training_return_over_a_small_budget(tmp_path):
+    """The packaged hopper_ppo (observation normalization, reward scaling) learns: seed 1, 6 iterations."""
+    config = raysim.load_config(
+        "hopper_ppo",
+        [
+            "backend=local",
+            "train.total_steps=12288",
+            "eval.episodes=0",
+            "train.sinks=[parquet]",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
+    assert config.model.obs_norm and config.algo.reward_scale
+    raysim.Trainer(config).train()
+    rows = raysim.records.read_metrics(raysim.storage.open_storage(str(tmp_path / "run")))
+    first, last = rows[0]["episode_return"], rows[-1]["episode_return"]
+    assert len(rows) == 6 and last > 3 * first, (first, last)  # seed 1: 14 -> 131
+
+
+def test_bench_mujoco_names_an_unknown_config(capsys):
+    from raysim.cli import main
+
+    assert main(["bench", "mujoco", "--configs", "nope_ppo", "--out", "out"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config file 'nope_ppo' not found" in err[0] and "hopper_ppo.yaml" in err[0]
+
+
+def test_bench_mujoco_runs_only_the_missing_runs(tmp_path, capsys):
+    """Finished runs in results.jsonl are not trained again: the table comes from them."""
+    from raysim.bench import mujoco
+
+    (tmp_path / "curves").mkdir()
+    lines = []
+    for peer, seconds, ret in (("raysim", 50.0, 1500.0), ("cleanrl", 100.0, 1200.0)):
+        curve = f"curves/{peer}.csv"
+        (tmp_path / curve).write_text("env_steps,episode_return,episodes\n1000,-300,1\n2000,1500,1\n")
+        lines.append(
+            {"peer": peer, "config": "hopper_ppo", "env": "Hopper-v5", "seed": 7, "steps": 2048, "env_steps": 2048,
+             "train_seconds": seconds, "layout": "-", "training_return": ret, "eval_mean": 1000.0, "eval_std": 0.0,
+             "eval_episodes": 20, "curve": curve}
+        )  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--configs", "hopper_ppo", "--seeds", "7", "--steps", "2048", "--out", str(tmp_path)]
+    assert mujoco.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| Hopper-v5 | 2,048 | raysim | 7 | 1,500.0 +- 0.0 | 1,000.0 +- 0.0 | 50.0 +- 0.0 |" in out
+    assert "training seconds per env step 0.50x; training return 1,500.0 vs 1,200.0 (1.25x)" in out
+    assert "| Hopper-v5 | 1,000,000 | CleanRL, published (v4) | - | 2,382.9 +- 271.7 |" in out
+    assert (tmp_path / "curves.png").is_file() and (tmp_path / "table.md").read_text() in out
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2  # nothing was trained
+
+
+def test_last_episodes_return_weighs_rows_by_their_episodes():
+    from raysim.bench.mujoco import last_episodes_return
+
+    curve = [(1, 0.0, 5), (2, 10.0, 6), (3, 20.0, 4)]  # the last 10 episodes lie in the last two rows
+    assert last_episodes_return(curve) == pytest.approx((10.0 * 6 + 20.0 * 4) / 10)
+    assert last_episodes_return([]) is None

@@ -1,0 +1,288 @@
+"""MuJoCo locomotion benchmark: raysim's MuJoCo configs against CleanRL's published returns and a peer.
+
+For each config, seed and step budget, ``raysim`` trains the packaged config (``raysim.Trainer``,
+shards and learner as Ray actors) and ``cleanrl`` trains ``benchmarks/cleanrl_ppo_continuous.py``
+(CleanRL's ``ppo_continuous_action.py``, its settings and wrappers) on the same Gymnasium id. Each
+run reports CleanRL's measure, the mean raw training episodic return over the last 10 episodes,
+a deterministic evaluation of the final policy (quota-balanced, 20 episodes), and its training
+seconds (start-up and evaluation excluded). Each finished run is appended to ``results.jsonl`` in
+the output folder as it ends, so a later invocation runs only the runs still missing; the
+training curves go to ``curves/*.csv`` and ``curves.png``, the table to ``table.md`` and stdout.
+
+``raysim bench mujoco`` or ``python benchmarks/mujoco.py`` (``--configs``, ``--seeds``, ``--steps``,
+``--peer-steps``, ``--quick``; needs ``pip install "raysim[mujoco]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+from raysim.bench.peers import MISSING, peer_module
+
+PEERS = ("raysim", "cleanrl")
+CONFIGS = ("halfcheetah_ppo", "hopper_ppo")
+SMOOTH = 10  # the plotted curves: running mean of this many curve rows
+LAST_EPISODES = 10  # CleanRL's measure: the mean training return of the last episodes
+# CleanRL ppo_continuous_action.py, 1M steps, MuJoCo v4: mean +- std over its benchmark seeds
+ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d": (2288.0, 571.8)}
+SB3_ZOO = {"HalfCheetah": 3100.0, "Hopper": 3500.0}  # SB3 PPO with RL Zoo's tuned settings, about
+
+
+def env_of(config_name: str) -> str:
+    """The Gymnasium id a packaged config trains (``gym:HalfCheetah-v5`` -> ``HalfCheetah-v5``)."""
+    import raysim
+
+    return raysim.load_config(config_name).env.id.removeprefix("gym:")
+
+
+def last_episodes_return(curve: list[tuple[int, float, int]], last: int = LAST_EPISODES) -> float | None:
+    """Mean return of the last ``last`` training episodes; a curve row ``(env_steps, mean return, episodes)``
+    stands for its episodes (the rows of raysim's metrics are per log step)."""
+    total, count = 0.0, 0
+    for _, mean, episodes in reversed(curve):
+        if count >= last:
+            break
+        total, count = total + mean * episodes, count + episodes
+    return total / count if count else None
+
+
+def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: argparse.Namespace):
+    """One raysim run through Ray actors; its curve (one row per iteration) and its final evaluation."""
+    import raysim
+    from raysim.records import read_metrics
+    from raysim.storage import open_storage
+
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run interrupted before it finished starts again
+    config = raysim.load_config(
+        config_name,
+        [
+            f"seed={seed}",
+            f"train.total_steps={steps}",
+            f"eval.episodes={args.eval_episodes}",
+            "train.log_every=1",
+            "train.sinks=[parquet]",
+            f"run_dir={run_dir}",
+            *args.override,
+        ],
+    )
+    summary = raysim.Trainer(config, address=args.address).train()
+    rows = read_metrics(open_storage(str(run_dir)))
+    curve = [(int(r["env_steps"]), r["episode_return"], int(r["episodes"])) for r in rows if r.get("episodes")]
+    returns = [record["return"] for record in summary.evaluation.records]
+    return {
+        "env_steps": summary.env_steps,
+        "train_seconds": summary.wall_time,
+        "startup_seconds": summary.startup_time,
+        "eval_returns": returns,
+        "layout": f"{config.shards.count} shard(s) x {config.env.num_envs} env(s) x {config.algo.num_steps} steps",
+    }, curve
+
+
+def train_cleanrl(config_name: str, seed: int, steps: int, run_dir: Path, args: argparse.Namespace):
+    """One run of the CleanRL-style peer on the config's Gymnasium id (CleanRL's own settings)."""
+    result = peer_module("cleanrl_ppo_continuous").train(env_of(config_name), seed, steps, args.eval_episodes)
+    curve = [(step, episode_return, 1) for step, episode_return in result["curve"]]
+    return {
+        "env_steps": result["env_steps"],
+        "train_seconds": result["train_seconds"],
+        "eval_returns": result["eval_returns"],
+        "layout": "1 env x 2048 steps",
+    }, curve
+
+
+RUNNERS = {"raysim": train_raysim, "cleanrl": train_cleanrl}
+
+
+def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.Namespace) -> dict:
+    """Train one run, write its curve, and return its result line."""
+    name = f"{peer}-{config_name}-s{seed}-{steps}"
+    result, curve = RUNNERS[peer](config_name, seed, steps, args.out / "runs" / name, args)
+    curves = args.out / "curves"
+    curves.mkdir(parents=True, exist_ok=True)
+    with open(curves / f"{name}.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["env_steps", "episode_return", "episodes"])
+        writer.writerows(curve)
+    evals = result.pop("eval_returns")
+    return {
+        "peer": peer,
+        "config": config_name,
+        "env": env_of(config_name),
+        "seed": seed,
+        "steps": steps,
+        **result,
+        "training_return": last_episodes_return(curve),
+        "eval_mean": statistics.fmean(evals) if evals else None,
+        "eval_std": statistics.pstdev(evals) if evals else None,
+        "eval_episodes": len(evals),
+        "curve": f"curves/{name}.csv",
+    }
+
+
+def read_results(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mean_std(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):,.1f} +- {spread:,.1f}"
+
+
+def table(results: list[dict]) -> str:
+    """The markdown table: one row per (config, budget, peer), the anchors, and raysim/peer ratios."""
+    lines = [
+        "| env | budget | peer | seeds | training return (last 10 episodes) | deterministic eval (20 episodes) "
+        "| training s | layout |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["env"], r["steps"], r["peer"]), []).append(r)
+    for (env, steps, peer), rows in sorted(groups.items()):
+        seeds = ",".join(str(r["seed"]) for r in sorted(rows, key=lambda r: r["seed"]))
+        lines.append(
+            f"| {env} | {steps:,} | {peer} | {seeds} | {mean_std([r['training_return'] for r in rows])} "
+            f"| {mean_std([r['eval_mean'] for r in rows])} | {mean_std([r['train_seconds'] for r in rows])} "
+            f"| {rows[0]['layout']} |"
+        )
+    for env in sorted({r["env"] for r in results}):
+        base = env.split("-")[0]
+        if base in ANCHORS:
+            mean, std = ANCHORS[base]
+            lines.append(f"| {env} | 1,000,000 | CleanRL, published (v4) | - | {mean:,.1f} +- {std:,.1f} | - | - | - |")
+        if base in SB3_ZOO:
+            lines.append(
+                f"| {env} | 1,000,000 | SB3 + RL Zoo, published (about) | - | {SB3_ZOO[base]:,.0f} | - | - | - |"
+            )
+    return "\n".join(lines) + "\n" + ratios(groups)
+
+
+def ratios(groups: dict[tuple, list[dict]]) -> str:
+    """raysim against cleanrl, same env and budget: training seconds per env step (the two round the budget
+    to whole iterations differently) and training return, means over seeds."""
+    lines = []
+    for (env, steps, peer), rows in sorted(groups.items()):
+        peers = groups.get((env, steps, "cleanrl"))
+        if peer != "raysim" or not peers:
+            continue
+
+        def mean(key: str, rows: list[dict]) -> float:
+            return statistics.fmean(r[key] for r in rows)
+
+        per_step = [statistics.fmean(r["train_seconds"] / r["env_steps"] for r in group) for group in (rows, peers)]
+        ratio = per_step[0] / per_step[1]
+        line = f"- {env}, {steps:,} steps: raysim / CleanRL-style training seconds per env step {ratio:.2f}x"
+        if None not in [r["training_return"] for r in rows + peers]:
+            ours, theirs = mean("training_return", rows), mean("training_return", peers)
+            ratio = f" ({ours / theirs:.2f}x)" if ours > 0 and theirs > 0 else ""
+            line += f"; training return {ours:,.1f} vs {theirs:,.1f}{ratio}"
+        lines.append(line)
+    return ("\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [statistics.fmean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
+
+
+def plot(results: list[dict], out: Path) -> Path:
+    """Training episode return against env steps, one panel per env, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = sorted({r["env"] for r in results})
+    figure, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)
+    colors = {"raysim": "tab:blue", "cleanrl": "tab:orange"}
+    for axis, env in zip(axes[0], envs, strict=True):
+        for r in (r for r in results if r["env"] == env):
+            with open(out / r["curve"]) as f:
+                rows = list(csv.DictReader(f))
+            x = [int(row["env_steps"]) for row in rows]
+            y = smoothed([float(row["episode_return"]) for row in rows])
+            axis.plot(
+                x, y, color=colors[r["peer"]], alpha=0.7, label=f"{r['peer']} seed {r['seed']}, {r['steps']:,} steps"
+            )
+        base = env.split("-")[0]
+        if base in ANCHORS:
+            axis.axhline(ANCHORS[base][0], color="grey", linestyle="--", label="CleanRL published, 1M")
+        axis.set(title=env, xlabel="env steps", ylabel=f"training episode return (mean of {SMOOTH} rows)")
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    path = out / "curves.png"
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return path
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="raysim bench mujoco", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="packaged configs or YAML files")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=1_000_000, help="env steps of each raysim run")
+    parser.add_argument("--peer-steps", type=int, default=None, help="env steps of each peer run (default: --steps)")
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    parser.add_argument("--eval-episodes", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/mujoco"), help="results folder")
+    parser.add_argument("--quick", action="store_true", help="HalfCheetah, seed 1, 20,480 steps: a few minutes")
+    parser.add_argument(
+        "--address", default="local", help="Ray address of raysim's runs (default: an embedded Ray per run)"
+    )
+    parser.add_argument(
+        "--override", action="append", default=[], help="raysim config override (key=value), repeatable"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.configs, args.seeds, args.steps, args.peer_steps = ["halfcheetah_ppo"], [1], 20_480, 20_480
+    args.peer_steps = args.peer_steps or args.steps
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if importlib.util.find_spec("mujoco") is None:
+        print('raysim bench mujoco: MuJoCo is not installed (pip install "raysim[mujoco]")', file=sys.stderr)
+        return 2
+    from raysim.composition import ConfigError
+
+    try:
+        for name in args.configs:
+            env_of(name)
+    except ConfigError as error:
+        print(f"raysim bench mujoco: {error}", file=sys.stderr)
+        return 2
+    peers = [p for p in args.peers if p != "cleanrl" or peer_module("cleanrl_ppo_continuous") is not None]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "results.jsonl"
+    done = {(r["peer"], r["config"], r["seed"], r["steps"]) for r in read_results(path)}
+    for config_name in args.configs:
+        for seed in args.seeds:
+            for peer in peers:
+                steps = args.steps if peer == "raysim" else args.peer_steps
+                if (peer, config_name, seed, steps) in done:
+                    continue
+                result = run_one(peer, config_name, seed, steps, args)
+                with open(path, "a") as f:  # each finished run at once: a later invocation skips it
+                    f.write(json.dumps(result) + "\n")
+                print(f"[{peer} {config_name} seed {seed}: {json.dumps(result)}]", file=sys.stderr, flush=True)
+    results = [r for r in read_results(path) if r["config"] in args.configs]
+    text = f"# MuJoCo PPO, {', '.join(args.configs)}\n\n{table(results)}"
+    (args.out / "table.md").write_text(text)
+    print(text)
+    print(f"curves: {plot(results, args.out)}; results: {path}")
+    if "cleanrl" in args.peers and "cleanrl" not in peers:
+        print(f"\nSkipped cleanrl: {MISSING}")
+    return 0
