@@ -9,7 +9,7 @@ seconds (start-up and evaluation excluded). Each finished run is appended to ``r
 the output folder as it ends, so a later invocation runs only the runs still missing; the
 training curves go to ``curves/*.csv`` and ``curves.png``, the table to ``table.md`` and stdout.
 
-``raysim bench mujoco`` or ``python benchmarks/mujoco.py`` (``--configs``, ``--seeds``, ``--steps``,
+``raysim bench mujoco`` or ``python benchmarks/locomotion.py`` (``--configs``, ``--seeds``, ``--steps``,
 ``--peer-steps``, ``--quick``; needs ``pip install "raysim[mujoco]"``).
 """
 
