@@ -184,11 +184,11 @@ class RayBackend(Backend):
                     f"{len(pending)} of {len(futures)} {what} did not start in {timeout:g} s "
                     "(resources_timeout): the cluster has no room for them"
                 )
-            print(
-                f"raysim: waiting for {len(pending)} of {len(futures)} {what} to start "
-                f"(the cluster has {self.ray.available_resources().get('CPU', 0):g} CPU free)",
-                flush=True,
-            )
+            if self.ray.util.get_current_placement_group() is not None:
+                where = "in the trial's placement group"
+            else:
+                where = f"the cluster has {self.ray.available_resources().get('CPU', 0):g} CPU free"
+            print(f"raysim: waiting for {len(pending)} of {len(futures)} {what} to start ({where})", flush=True)
 
     def discard(self, futures: list[Any]) -> None:
         done, _ = self.ray.wait(list(futures), num_returns=len(futures), timeout=0)

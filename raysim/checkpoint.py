@@ -19,7 +19,7 @@ import json
 import platform
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -46,10 +46,11 @@ class Checkpoint:
     iteration: int
     attempt: int  # 0 for ``<iteration>``, n for ``<iteration>.<n>`` (saved again)
     name: str
+    folder: str = field(default=ROOT, compare=False)  # "": a checkpoint directory on its own (a Tune checkpoint)
 
     @property
     def rel(self) -> str:
-        return f"{ROOT}/{self.name}"
+        return f"{self.folder}/{self.name}" if self.folder else self.name
 
 
 def package_versions() -> dict[str, str]:
@@ -114,7 +115,7 @@ class Checkpoints:
 
     def load(self, checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(state, meta)``, every file verified against the manifest; ``CheckpointError`` when damaged."""
-        files = self._verified_files(checkpoint)
+        files = self.verified_files(checkpoint)
         try:
             meta = json.loads(files[META])
         except ValueError as error:
@@ -185,7 +186,8 @@ class Checkpoints:
         except (OSError, ValueError, AttributeError):
             return False
 
-    def _verified_files(self, checkpoint: Checkpoint) -> dict[str, bytes]:
+    def verified_files(self, checkpoint: Checkpoint) -> dict[str, bytes]:
+        """Every file of ``checkpoint`` by name, each checked against the manifest (``CheckpointError`` if not)."""
         names = set(self.storage.list(checkpoint.rel))
         if MANIFEST not in names:
             missing = [n for n in (STATE, META) if n not in names]
@@ -267,6 +269,25 @@ def split_checkpoint(location: str | Path) -> tuple[str, Checkpoint] | None:
     if not match or folder != ROOT:
         return None
     return run, Checkpoint(int(match[1]), int(match[2] or 0), name)
+
+
+def load_directory(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(state, meta)`` of a checkpoint directory anywhere (a copy handed to Ray Tune), verified against its
+    manifest; it need not sit under a run's ``checkpoints/``."""
+    parent, _, name = str(path).rstrip("/").rpartition("/")
+    return Checkpoints(open_storage(parent or ".")).load(Checkpoint(0, 0, name, folder=""))
+
+
+def copy_files(storage: RunStorage, checkpoint: Checkpoint, folder: Path) -> Path:
+    """The files of ``checkpoint`` that its manifest covers, copied into the local ``folder`` (created): a
+    self-contained checkpoint directory that ``load_directory`` verifies."""
+    files = Checkpoints(storage).verified_files(checkpoint)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [MANIFEST, *files] if storage.exists(f"{checkpoint.rel}/{MANIFEST}") else list(files)
+    for name in names:
+        data = files[name] if name in files else storage.read(f"{checkpoint.rel}/{name}")
+        (folder / name).write_bytes(data)
+    return folder
 
 
 def save_checkpoint(run_dir: str | Path, iteration: int, state: dict, meta: dict, keep_last: int = 3) -> str | Path:

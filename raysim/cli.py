@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show the traceback of an error")
     parser = Parser(prog="raysim", description="Ray-based rollout collection and PPO/GRPO training.", parents=[common])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    for add in (add_train, add_resume, add_eval, add_plot, add_export, add_bench, add_config):
+    for add in (add_train, add_resume, add_tune, add_eval, add_plot, add_export, add_bench, add_config):
         add(commands, common)
     return parser
 
@@ -151,6 +151,56 @@ def add_resume(commands, common) -> None:
     resume.add_argument("--break-lock", action="store_true", help="take the run over from the process holding its lock")
     add_run_options(resume)
     resume.set_defaults(run=resume_command)
+
+
+TUNE_HELP = """Sweep hyperparameters with Ray Tune: each trial is a raysim run (its shards and learner in the
+trial's placement group), reporting at every log step with its checkpoint.
+
+KEY=KIND:ARGS, KIND one of: uniform:LOW:HIGH, loguniform:LOW:HIGH, randint:LOW:HIGH (HIGH excluded),
+choice:A,B,..., grid:A,B,... (every value, times --samples). The metric (default eval_return, the
+deterministic evaluation's mean return) is in every report: trials evaluate at every log step when the
+config sets no eval.every, and the last evaluation is carried forward. The experiment directory (--dir,
+default runs/<name>-sweep; a path or a URI) holds Tune's state, trials/<trial id>/ (one raysim run
+directory each), sweep.yaml and, at the end, best.yaml: the best trial's config for `raysim train`.
+Examples:
+  raysim tune --param algo.lr=loguniform:1e-4:1e-2 --samples 8 --scheduler asha
+  raysim tune configs/cartpole_ppo.yaml --param algo.ent_coef=choice:0,0.01 --param algo.lr=grid:3e-4,1e-3
+  raysim tune --resume runs/cartpole_ppo-sweep         # continue an interrupted sweep
+"""
+
+
+def add_tune(commands, common) -> None:
+    sweep = commands.add_parser(
+        "tune",
+        help="sweep hyperparameters with Ray Tune (ASHA, PBT, random / grid search)",
+        description=TUNE_HELP,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep.add_argument("config", nargs="?", help="YAML config file or packaged config name (default: cartpole_ppo)")
+    sweep.add_argument(
+        "--param", dest="params", action="append", default=[], metavar="KEY=KIND:ARGS", help="a searched key"
+    )
+    sweep.add_argument("--params", dest="params_file", metavar="FILE", help="YAML mapping of KEY: KIND:ARGS")
+    sweep.add_argument("--samples", type=positive, default=1, help="trials drawn from the space (default 1)")
+    sweep.add_argument("--scheduler", choices=["fifo", "asha", "pbt"], default="fifo", help="default fifo")
+    sweep.add_argument("--metric", default="eval_return", help="the metric optimized (default eval_return)")
+    sweep.add_argument("--mode", choices=["max", "min"], default="max", help="default max")
+    sweep.add_argument("--max-concurrent", type=positive, help="trials at once (default: as many as fit)")
+    sweep.add_argument("--dir", help="the experiment directory, a path or a URI (default: runs/<name>-sweep)")
+    sweep.add_argument("--resume", metavar="EXPERIMENT_DIR", help="continue the interrupted sweep in this directory")
+    sweep.add_argument("--grace-period", type=positive, default=1, help="ASHA: reports before a stop (default 1)")
+    sweep.add_argument("--reduction-factor", type=float, default=2.0, help="ASHA: 1 / fraction kept (default 2)")
+    sweep.add_argument("--perturbation-interval", type=positive, default=2, help="PBT: reports between exploits")
+    sweep.add_argument(
+        "--quantile-fraction", type=float, default=0.25, help="PBT: the bottom fraction that exploits (default 0.25)"
+    )
+    sweep.add_argument(
+        "--synch", action="store_true", help="PBT: perturb every trial together (exploits at fixed points)"
+    )
+    sweep.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial (default 2)")
+    add_run_options(sweep)
+    sweep.set_defaults(run=tune_command)
 
 
 def add_eval(commands, common) -> None:
@@ -290,6 +340,63 @@ def report(summary) -> int:
         print(f"stopped before the end ({summary.stopped_by}): continue with `raysim resume {summary.run_dir}`")
     print(f"run directory: {summary.run_dir}")
     return summary.exit_code
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from raysim.sweep import resume, tune
+    from raysim.sweep.space import load_params, parse_param
+
+    if args.local:
+        raise ConfigError("raysim tune: --local does not apply: every trial is a Ray Tune trial")
+    if args.resume:
+        if args.config or args.params or args.params_file or args.overrides:
+            raise ConfigError("raysim tune --resume reads the sweep from its sweep.yaml: no CONFIG, --param, --set")
+        grid = resume(args.resume, address=args.address)
+    else:
+        params = [parse_param(text) for text in args.params]
+        if args.params_file:
+            params += load_params(args.params_file)
+        if not params:
+            raise ConfigError("raysim tune: give at least one --param KEY=KIND:ARGS (or --params FILE)")
+        config = load_config(args.config, args.overrides)
+        grid = tune(
+            config,
+            {p.key: p.spec for p in params},
+            samples=args.samples,
+            scheduler=args.scheduler,
+            metric=args.metric,
+            mode=args.mode,
+            max_concurrent=args.max_concurrent,
+            experiment=args.dir,
+            address=args.address,
+            grace_period=args.grace_period,
+            reduction_factor=args.reduction_factor,
+            perturbation_interval=args.perturbation_interval,
+            quantile_fraction=args.quantile_fraction,
+            synch=args.synch,
+            max_failures=args.max_failures,
+        )
+    return report_sweep(grid)
+
+
+def report_sweep(grid) -> int:
+    """Print the best trial, its config file and run directory; 1 when a trial failed."""
+    from raysim.sweep.sweep import BEST_FILE, load_sweep
+    from raysim.sweep.trial import TRIALS
+
+    sweep = load_sweep(grid.experiment_path)
+    print(f"\nsweep: {len(grid)} trial(s), {len(grid.errors)} failed; experiment directory: {sweep.experiment}")
+    try:
+        best = grid.get_best_result(metric=sweep.metric, mode=sweep.mode, scope="last")
+    except RuntimeError:
+        print(f"sweep: no trial reported {sweep.metric}: no best config")
+        return 1
+    values = {k: v for k, v in best.config.items() if k in sweep.params}
+    trial = best.metrics.get("trial_id", "?")
+    print(f"best trial {trial}: {sweep.metric} = {best.metrics.get(sweep.metric)} with {values}")
+    print(f"best config: {sweep.experiment}/{BEST_FILE}  (train it: raysim train {sweep.experiment}/{BEST_FILE})")
+    print(f"best run directory: {sweep.experiment}/{TRIALS}/{trial}")
+    return 1 if grid.errors else 0
 
 
 def eval_command(args: argparse.Namespace) -> int:

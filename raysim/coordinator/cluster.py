@@ -93,6 +93,16 @@ def start_backend(config: Config, address: str | None = None) -> tuple[Backend, 
         return LocalBackend(), False
     import ray
 
+    started = connect(config, address)
+    wait_for_room(config, ray)
+    return RayBackend(), started
+
+
+def connect(config: Config, address: str | None = None, extra_cpus: float = 0.0) -> bool:
+    """Attach to Ray, or start an embedded one sized for ``config``'s roles (and ``extra_cpus``: a sweep
+    trial's coordinator); True when this call started it."""
+    import ray
+
     started = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
@@ -105,12 +115,11 @@ def start_backend(config: Config, address: str | None = None) -> tuple[Backend, 
                     flush=True,
                 )
         if address in (None, "local"):
-            start_embedded(config)
+            start_embedded(config, extra_cpus)
         else:
             attach(address)
         started = True
-    wait_for_room(config, ray)
-    return RayBackend(), started
+    return started
 
 
 def running_cluster() -> str | None:
@@ -124,11 +133,12 @@ def running_cluster() -> str | None:
     return address if address and reachable(address) is None else None
 
 
-def start_embedded(config: Config) -> None:
+def start_embedded(config: Config, extra_cpus: float = 0.0) -> None:
     """An embedded local Ray with room for every role (each rank's CPUs, GPUs and custom resources)."""
     import ray
 
     wanted = total(needs(config))
+    wanted["CPU"] = wanted.get("CPU", 0.0) + extra_cpus
     gpus = wanted.get("GPU", 0.0)
     if gpus:
         import torch
@@ -194,24 +204,42 @@ def reachable(address: str, timeout: float = 3.0) -> str | None:
 # -- room for the roles -------------------------------------------------------------------------
 
 
-def can_grow(ray) -> bool:
-    """Whether an autoscaler that can add nodes runs (as far as Ray shows): its status is in the GCS and
-    names node types of its own (``ray start`` without an autoscaling config only mirrors its nodes)."""
+def autoscaling_status(ray) -> dict | None:
+    """The autoscaler's status in the GCS (None: none published, or unreadable)."""
     from ray.experimental.internal_kv import _internal_kv_get
 
     try:
         status = _internal_kv_get("__autoscaling_status")
-    except Exception:  # noqa: BLE001 - an old or unusual cluster: assume it cannot
+        return json.loads(status) if status else None
+    except Exception:  # noqa: BLE001 - an old or unusual cluster: no status
+        return None
+
+
+def can_grow(ray, settle: float = 0.0) -> bool:
+    """Whether an autoscaler that can add nodes runs (as far as Ray shows): its status is in the GCS and
+    names node types of its own (``ray start`` without an autoscaling config only mirrors its nodes).
+    ``settle``: seconds to wait for a cluster just started to publish its first report."""
+    deadline = time.monotonic() + settle
+    while (status := autoscaling_status(ray)) is not None and not status.get("autoscaler_report"):
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    if status is None:
         return False
-    if not status:
-        return False
-    report = json.loads(status).get("autoscaler_report") or {}
+    report = status.get("autoscaler_report") or {}
     mapping = report.get("node_type_mapping") or {}
     return not (report.get("legacy") and all(str(v).startswith("node_") for v in mapping.values()))
 
 
 def wait_for_room(config: Config, ray, interval: float = 5.0) -> None:
-    """Return once the cluster has room for every role; wait (saying so) while it may get it; else raise."""
+    """Return once the cluster has room for every role; wait (saying so) while it may get it; else raise.
+
+    Inside a placement group (a Ray Tune trial) the roles are placed in its bundles, reserved already.
+    """
+    from ray.util import get_current_placement_group
+
+    if get_current_placement_group() is not None:
+        return
     found = needs(config)
     wanted = total(found)
     biggest = largest_node(ray)

@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,10 @@ from raysim.rollout import EnvShard
 from raysim.storage import RunLock, is_uri, open_storage
 
 FINISHED = ("budget", "solved")  # the stop reasons of a run that reached its end
+
+#: Called at every log step with its metrics record and the checkpoint saved in that iteration (or None),
+#: and once more when the run finished, with the final evaluation and the final checkpoint (a Tune trial).
+Reporter = Callable[[dict[str, float], Checkpoint | None], None]
 
 
 @dataclass
@@ -75,6 +80,7 @@ class ResumePoint:
     state: dict[str, Any]
     meta: dict[str, Any]
     force: bool = False  # the env differs from the checkpoint's and the user insisted
+    new_config: bool = False  # the config differs from the run's snapshot (a sweep's mutated hyperparameters)
 
 
 class RunFailed(RuntimeError):
@@ -109,7 +115,8 @@ class Trainer:
 
     ``Trainer(config).train()`` starts a new run directory; ``Trainer.from_run_dir(path).train()``
     continues a run from its newest intact checkpoint. ``break_lock`` takes the run directory over
-    from a process that holds its lock (one that is gone is detected without it).
+    from a process that holds its lock (one that is gone is detected without it). ``reporter``: see
+    ``Reporter``.
     """
 
     def __init__(
@@ -119,6 +126,7 @@ class Trainer:
         sinks: list | None = None,
         resume: ResumePoint | None = None,
         break_lock: bool = False,
+        reporter: Reporter | None = None,
     ):
         check_config(config)
         self.spaces = check_env_and_model(config)
@@ -127,6 +135,7 @@ class Trainer:
         self.sinks = sinks
         self.resume = resume
         self.break_lock = break_lock
+        self.reporter = reporter
         self.run_dir, self.note = (config.run_dir, None) if resume else choose_run_dir(config)
         self.storage = open_storage(self.run_dir)
         self.checkpoints = Checkpoints(self.storage)
@@ -279,6 +288,8 @@ class Trainer:
             except (StopRequested, KeyboardInterrupt) as stop:
                 reason = stop.name if isinstance(stop, StopRequested) else "SIGINT"
                 print(f"\nraysim: {reason} during the final evaluation: it was not finished", flush=True)
+        if reason in FINISHED and self.reporter is not None:
+            self.reporter({**self.record, **(eval_metrics(report) if report else {})}, self.ready.saved)
         self.sinks_set.close()
         state = self.ready.state
         if reason not in FINISHED:
@@ -371,6 +382,8 @@ class Trainer:
                 checkpoint = self._save()
                 if report is not None:
                     self.checkpoints.record_score(checkpoint, report.mean_return)
+        if log and self.reporter is not None:
+            self.reporter(self.record, self.ready.saved)
 
     def _log_due(self, iteration: int) -> bool:
         """A log step every ``train.log_every`` iterations, and at the last iteration where it is known ahead."""
@@ -509,7 +522,7 @@ class Trainer:
     def _restore(self) -> Ready:
         """Load the checkpoint into every learner rank and into the shards; the run state it describes."""
         point = self.resume
-        if point.force:  # the run's own snapshot describes the env it now trains on
+        if point.force or point.new_config:  # the run's own snapshot describes what it now trains with
             write_snapshot(self.storage, self.config)
         state = RunState.from_checkpoint(point.meta, point.state)
         how = self._load_roles(point.state)

@@ -1,0 +1,136 @@
+"""Search spaces: ``KEY=KIND:ARGS`` parameters over config keys, checked against the config schema.
+
+    algo.lr=loguniform:1e-4:1e-2      algo.ent_coef=choice:0,0.01      algo.num_steps=grid:32,64
+    algo.clip_coef=uniform:0.1:0.3    algo.update_epochs=randint:2:8   (randint: high excluded)
+
+The same text is accepted as a YAML mapping (``algo.lr: loguniform:1e-4:1e-2``, or ``algo.lr:
+{loguniform: [1e-4, 1e-2]}``). Every key is checked with the values it can take (the bounds, every
+option) before a sweep starts, so a wrong key or a value outside its range is one line naming it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.composition import ConfigError, read_yaml, safe_load
+from raysim.config import Config, apply_override, check_config, from_dict
+
+BOUNDED = ("uniform", "loguniform", "randint")  # KIND:LOW:HIGH
+LISTED = ("choice", "grid")  # KIND:A,B,...
+KINDS = BOUNDED + LISTED
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched config key: a distribution over its values, or the values of a grid."""
+
+    key: str
+    kind: str
+    values: tuple  # (low, high) of a bounded kind; the options of choice and grid
+
+    @property
+    def spec(self) -> str:
+        """The ``KIND:ARGS`` text of this parameter (what ``parse_spec`` reads back)."""
+        if self.kind in BOUNDED:
+            return f"{self.kind}:{self.values[0]}:{self.values[1]}"
+        return f"{self.kind}:" + ",".join(json.dumps(v) for v in self.values)
+
+    def domain(self) -> Any:
+        """The Ray Tune search space of this parameter."""
+        from ray import tune
+
+        if self.kind == "uniform":
+            return tune.uniform(*self.values)
+        if self.kind == "loguniform":
+            return tune.loguniform(*self.values)
+        if self.kind == "randint":
+            return tune.randint(*self.values)
+        if self.kind == "choice":
+            return tune.choice(list(self.values))
+        return tune.grid_search(list(self.values))
+
+    def extremes(self) -> list[Any]:
+        """The values checked before a sweep starts: the bounds (randint: the largest it draws), every option."""
+        if self.kind == "randint":
+            return [self.values[0], self.values[1] - 1]
+        return list(self.values)
+
+
+def parse_param(text: str) -> Param:
+    """``KEY=KIND:ARGS`` (``--param``)."""
+    key, sep, spec = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--param {text!r}: expected KEY=KIND:ARGS, e.g. algo.lr=loguniform:1e-4:1e-2")
+    return parse_spec(key.strip(), spec)
+
+
+def parse_spec(key: str, spec: Any) -> Param:
+    """A parameter from its ``KIND:ARGS`` text or a one-key mapping ``{KIND: [ARGS]}``."""
+    where = f"--param {key}"
+    if isinstance(spec, dict) and len(spec) == 1:
+        kind, args = next(iter(spec.items()))
+        args = args if isinstance(args, list) else [args]
+    elif isinstance(spec, str) and ":" in spec:
+        kind, _, rest = spec.partition(":")
+        if kind in LISTED:
+            try:
+                args = safe_load(f"[{rest}]")
+            except yaml.YAMLError:
+                raise ConfigError(f"{where}: the values {rest!r} are not a comma-separated YAML list") from None
+        else:
+            args = [safe_load(part) for part in rest.split(":")]
+    else:
+        raise ConfigError(f"{where}: expected KIND:ARGS with KIND one of {', '.join(KINDS)}, got {spec!r}")
+    kind = str(kind).strip()
+    if kind not in KINDS:
+        raise ConfigError(f"{where}: unknown distribution {kind!r} (one of: {', '.join(KINDS)})")
+    if kind in LISTED:
+        if not args:
+            raise ConfigError(f"{where}: {kind} needs at least one value, e.g. {kind}:0,0.01")
+        return Param(key, kind, tuple(args))
+    if len(args) != 2 or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+        raise ConfigError(f"{where}: {kind} takes two numbers, {kind}:LOW:HIGH, got {spec!r}")
+    low, high = args
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ConfigError(f"{where}: {kind} needs finite LOW < HIGH, got {low} and {high}")
+    if kind == "loguniform" and low <= 0:
+        raise ConfigError(f"{where}: loguniform needs LOW > 0, got {low}")
+    if kind == "randint" and not (isinstance(low, int) and isinstance(high, int)):
+        raise ConfigError(f"{where}: randint takes two integers (HIGH excluded), got {low} and {high}")
+    return Param(key, kind, (low, high))
+
+
+def load_params(path: str | Path) -> list[Param]:
+    """The parameters of a YAML file: a mapping of config keys to ``KIND:ARGS`` (``--params FILE``)."""
+    data = read_yaml(Path(path))
+    if not isinstance(data, dict):
+        raise ConfigError(f"--params {path}: expected a mapping of config keys to KIND:ARGS, e.g. 'algo.lr: ...'")
+    return [parse_spec(str(key), spec) for key, spec in data.items()]
+
+
+def config_with(base: dict, values: dict[str, Any], where: str = "sweep") -> Config:
+    """The config ``base`` (a plain-data config) with ``values`` (dotted key -> value) set, checked."""
+    data = copy.deepcopy(base)
+    for key, value in values.items():
+        apply_override(data, f"{key}={json.dumps(value)}")
+    config = from_dict(Config, data, where)
+    check_config(config, where)
+    return config
+
+
+def check_params(base: dict, params: list[Param]) -> None:
+    """Every parameter's key and each of its extreme values against the schema (the first problem raised)."""
+    seen = set()
+    for param in params:
+        if param.key in seen:
+            raise ConfigError(f"--param {param.key} is given twice")
+        seen.add(param.key)
+        for value in param.extremes():
+            config_with(base, {param.key: value}, where=f"--param {param.key}={param.spec}")

@@ -1,0 +1,112 @@
+"""One trial of a sweep: a raysim run inside a Ray Tune trial.
+
+The trial's coordinator (``Trainer``) runs in Tune's trial actor, in a thread: it installs no signal
+handlers, and its shards and learner are created inside the trial's placement group (Tune captures
+the trial's child actors), so trials never oversubscribe the cluster. Its run directory is
+``<experiment>/trials/<trial id>``. At every log step it reports the run's metrics to Tune with the
+checkpoint of that iteration (copied out as a self-contained directory, manifest included); Tune
+hands such a checkpoint back to restore a trial (a retry, an experiment resumed, PBT's exploit), and
+the trial verifies it, saves it into its own run directory and resumes from it exactly. The trial's
+own config (a PBT mutation) wins: the learner sets its learning rate from the config at every update.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from raysim.checkpoint import Checkpoint, Checkpoints, copy_files, load_directory
+from raysim.composition import ConfigError
+from raysim.config import Config
+from raysim.coordinator.snapshot import resume_refusal
+from raysim.coordinator.trainer import ResumePoint, Trainer
+from raysim.storage import RunLock, RunStorage, open_storage
+from raysim.storage.lock import stale
+from raysim.sweep.space import config_with
+
+TRIALS = "trials"  # the experiment's folder of raysim run directories
+HANDOVER_SECONDS = 180.0  # how long a trial restarted waits for its earlier attempt's process to end
+
+
+def trial_config(base: dict, values: dict[str, Any], run_dir: str, metric: str) -> Config:
+    """The run config of one trial: ``base`` with the trial's ``values``, written to ``run_dir``.
+
+    What a sweep changes: no console sink (Tune's table is the live view); a checkpoint at every log
+    step (each report hands Tune one); where the metric is an evaluation metric and the config sets no
+    periodic evaluation, an evaluation at every log step (so every report carries the metric).
+    """
+    data = copy.deepcopy(base)
+    data["run_dir"] = run_dir
+    train = data.setdefault("train", {})
+    train["sinks"] = [s for s in train.get("sinks", ["parquet", "tensorboard"]) if s != "console"]
+    log_every = int(train.get("log_every", 1))
+    data.setdefault("checkpoint", {})["every"] = log_every
+    evaluation = data.setdefault("eval", {})
+    if metric.startswith("eval_") and not (evaluation.get("every") or evaluation.get("every_steps")):
+        evaluation["every"] = log_every
+    return config_with(data, values, where=f"trial config {run_dir}")
+
+
+class TuneReport:
+    """The trial's ``Reporter``: numeric metrics (the last evaluation carried forward) and the checkpoint.
+
+    An evaluation in which no episode completed reports its mean return as NaN (Tune's schedulers skip it).
+    """
+
+    def __init__(self, storage: RunStorage, metric: str):
+        self.storage, self.metric = storage, metric
+        self.carried: dict[str, float] = {}  # the last evaluation's metrics, in every report after it
+
+    def __call__(self, record: dict[str, float], checkpoint: Checkpoint | None) -> None:
+        from ray import tune
+
+        metrics = {k: float(v) for k, v in record.items() if isinstance(v, (int, float))}
+        self.carried.update({k: v for k, v in metrics.items() if k.startswith("eval_")})
+        metrics = {**self.carried, **metrics}
+        if self.metric not in metrics:  # Tune needs the metric in every report
+            return
+        if checkpoint is None:
+            tune.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="raysim-tune-") as folder:
+            copy_files(self.storage, checkpoint, Path(folder) / "checkpoint")
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(Path(folder) / "checkpoint")))
+
+
+def wait_for_handover(lock: RunLock, timeout: float = HANDOVER_SECONDS) -> None:
+    """Wait until no live process holds the run directory: Tune starts a paused or failed trial again in a new
+    actor while the old one may still be ending (on another node: until its lease expires)."""
+    deadline = time.monotonic() + timeout
+    while (holder := lock.holder()) is not None and stale(holder, lock.lease) is None:
+        if time.monotonic() > deadline:
+            return  # the trainer refuses the run directory, naming its holder, and Tune retries the trial
+        time.sleep(0.5)
+
+
+def run_trial(values: dict[str, Any], *, base: dict, experiment: str, metric: str) -> None:
+    """Tune's function trainable: train the trial's run from scratch, or from the checkpoint Tune hands back."""
+    from ray import tune
+
+    run_dir = f"{experiment.rstrip('/')}/{TRIALS}/{tune.get_context().get_trial_id()}"
+    config = trial_config(base, values, run_dir, metric)
+    storage = open_storage(run_dir)
+    wait_for_handover(RunLock(storage))
+    reporter = TuneReport(storage, metric)
+    handed = tune.get_checkpoint()
+    if handed is None:
+        for name in storage.list(""):  # a trial started again from scratch: its earlier attempt goes
+            storage.remove(name)
+        trainer = Trainer(config, reporter=reporter)
+    else:
+        with handed.as_directory() as folder:
+            state, meta = load_directory(folder)
+        refusal = resume_refusal(meta, config)
+        if refusal:
+            raise ConfigError(f"trial {run_dir} cannot continue the checkpoint Tune handed it: {refusal}")
+        saved = Checkpoints(storage).save(int(meta["iteration"]), state, meta)
+        point = ResumePoint(saved, state, meta, new_config=True)
+        trainer = Trainer(config, resume=point, reporter=reporter)
+    trainer.train()

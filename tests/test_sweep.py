@@ -1,0 +1,175 @@
+"""Sweeps with Ray Tune: bad input refused up front, ASHA stopping trials early and resuming after its driver
+was killed, PBT cloning one trial's raysim checkpoint into another with the mutated learning rate."""
+
+from __future__ import annotations
+
+import glob
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from raysim.cli import main
+from tests.support.ray_head import RayHead
+
+pytest.importorskip("ray.tune")
+
+RAYSIM = str(Path(sys.executable).parent / "raysim")
+TINY = [  # CartPole PPO: 4 iterations of 1,024 steps, a report each, trials of 1 CPU (2 at once on 2 CPUs)
+    "--set=train.total_steps=4096",
+    "--set=train.log_every=1",
+    "--set=shards.num_cpus=0.3",
+    "--set=learner.num_cpus=0.3",
+    "--set=eval.episodes=5",
+    "--set=eval.max_steps=100",
+]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--param", "algo.lrr=uniform:1e-4:1e-3"], "unknown key 'algo.lrr'; did you mean 'algo.lr'?"),
+        (["--param", "algo.lr=gaussian:0:1"], "unknown distribution 'gaussian'"),
+        (["--param", "algo.lr=loguniform:0:1e-3"], "loguniform needs LOW > 0"),
+        (["--param", "algo.lr=uniform:-1:1e-3"], "algo.lr"),
+        (["--param", "algo.update_epochs=randint:1.5:4"], "randint takes two integers"),
+        (["--param", "algo.ent_coef=choice:"], "choice needs at least one value"),
+        (["--param", "algo.lr"], "expected KEY=KIND:ARGS"),
+        (["--param", "model.hidden_sizes=grid:[32],[64]", "--scheduler", "pbt"], "cannot search model.hidden_sizes"),
+        ([], "give at least one --param"),
+    ],
+)
+def test_bad_sweeps_are_refused_in_one_line_before_anything_starts(args, says, tmp_path, capsys):
+    code = main(["tune", *args, "--dir", str(tmp_path / "sweep")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert says in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_resume_of_a_folder_that_holds_no_sweep_names_it(tmp_path, capsys):
+    assert main(["tune", "--resume", str(tmp_path)]) == 2
+    assert f"{tmp_path} is not a sweep's experiment directory (no sweep.yaml)" in capsys.readouterr().err
+
+
+def test_a_trial_larger_than_the_cluster_is_refused_before_any_trial_starts(ray_session, tmp_path, capsys):
+    code = main(["tune", "--param", "algo.lr=choice:1e-3", "--set", "shards.num_cpus=3", "--dir", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2 and "one trial needs" in err and "the cluster has" in err
+    assert not (tmp_path / "s" / "sweep.yaml").exists()
+
+
+def test_a_checkpoint_handed_to_tune_is_self_contained_and_verified_when_handed_back(tmp_path):
+    import torch
+
+    from raysim.checkpoint import CheckpointError, Checkpoints, copy_files, load_directory
+    from raysim.storage import open_storage
+
+    storage = open_storage(str(tmp_path / "run"))
+    saved = Checkpoints(storage).save(3, {"weights": torch.arange(4.0)}, {"iteration": 3})
+    handed = copy_files(storage, saved, tmp_path / "tune" / "checkpoint_000001")  # no run directory around it
+    state, meta = load_directory(handed)
+    assert torch.equal(state["weights"], torch.arange(4.0)) and meta["iteration"] == 3
+    (handed / "state.pt").write_bytes((handed / "state.pt").read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match="checkpoint_000001/state.pt is damaged"):
+        load_directory(handed)
+
+
+def trial_states(experiment: Path) -> dict[str, dict]:
+    """Tune's experiment state: trial id -> its status and last result (as the driver last saved it)."""
+    files = sorted(glob.glob(str(experiment / "experiment_state-*.json")))
+    if not files:
+        return {}
+    try:
+        data = json.loads(Path(files[-1]).read_text())
+    except ValueError:  # being written
+        return {}
+    states = {}
+    for trial, runtime in data["trial_data"]:
+        trial = json.loads(trial)
+        runtime = json.loads(runtime) if isinstance(runtime, str) else runtime
+        states[trial["trial_id"]] = {"status": trial["status"], "last": runtime.get("last_result") or {}}
+    return states
+
+
+def files_of(run_dir: Path) -> dict[str, int]:
+    """Every file of a run directory with its modification time (what a rerun would change)."""
+    return {str(p.relative_to(run_dir)): p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    parts = sorted((run_dir / "metrics").glob("part-*.parquet"))
+    return [row for part in parts for row in pq.read_table(part).to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def head():
+    with RayHead(num_cpus=2) as started:
+        yield started
+
+
+def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(head, tmp_path):
+    experiment = tmp_path / "asha"
+    command = [RAYSIM, "tune", "--param", "algo.lr=loguniform:1e-4:1e-2", "--samples", "4", "--scheduler", "asha"]
+    command += ["--grace-period", "1", "--reduction-factor", "2", "--max-concurrent", "2", *TINY]
+    command += ["--dir", str(experiment), "--address", head.address]
+    with open(tmp_path / "driver.log", "w") as log:
+        driver = subprocess.Popen(command, env=head.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and driver.poll() is None:
+            states = trial_states(experiment)
+            finished = [t for t, s in states.items() if s["status"] == "TERMINATED"]
+            if finished and len(finished) < 4:
+                break
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    assert 1 <= len(finished) < 4, (tmp_path / "driver.log").read_text()[-3000:]
+    before = {t: files_of(experiment / "trials" / t) for t in finished}
+
+    done = subprocess.run(
+        [RAYSIM, "tune", "--resume", str(experiment), "--address", head.address],
+        env=head.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    states = trial_states(experiment)
+    assert len(states) == 4 and all(s["status"] == "TERMINATED" for s in states.values())
+    for trial in finished:  # not run again: not a file of their run directories changed
+        assert files_of(experiment / "trials" / trial) == before[trial]
+    iterations = {t: s["last"]["iteration"] for t, s in states.items()}
+    assert min(iterations.values()) < 4 <= max(iterations.values()), iterations  # ASHA stopped one early
+    assert "best config:" in done.stdout
+
+    best = experiment / "best.yaml"
+    run = tmp_path / "best-run"
+    assert main(["train", str(best), "--local", "--set", "train.total_steps=1024", "--run-dir", str(run)]) == 0
+    assert (run / "configs" / "train.yaml").exists()
+
+
+def test_pbt_exploit_restores_the_donors_checkpoint_with_the_mutated_learning_rate(head, tmp_path):
+    experiment = tmp_path / "pbt"
+    command = [RAYSIM, "tune", "--param", "algo.lr=choice:1e-4,3e-3", "--samples", "2", "--scheduler", "pbt"]
+    command += ["--perturbation-interval", "2", "--quantile-fraction", "0.5", "--synch", *TINY]
+    command += ["--set=eval.max_steps=500", "--set=algo.lr_schedule=constant"]
+    command += ["--set=backend=local"]  # the roles in the trial actor: quick restarts
+    command += ["--dir", str(experiment), "--address", head.address]
+    done = subprocess.run(command, env=head.env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    exploits = [json.loads(line) for line in (experiment / "pbt_global.txt").read_text().splitlines()]
+    assert exploits, "PBT made no exploit"
+    prefix = next(iter(trial_states(experiment))).split("_")[0]
+    target, _, _, _, _, new_config = exploits[-1]
+    receiver = experiment / "trials" / f"{prefix}_{int(target.split('_')[0]):05d}"
+    rows = metrics_rows(receiver)
+    assert rows[-1]["lr"] == pytest.approx(new_config["algo.lr"])  # the mutation wins over the donor's state
+    iterations = [row["iteration"] for row in rows]
+    assert iterations == sorted(set(iterations)) and iterations[-1] == 4  # continued from checkpoints, to the end
+    assert "resuming" in done.stdout + done.stderr
