@@ -284,3 +284,10 @@ def write_best(sweep: Sweep, grid: Any, storage) -> None:
         return
     values = {k: v for k, v in best.config.items() if k in sweep.params}
     storage.write(BEST_FILE, yaml.safe_dump(best_config(sweep, copy.deepcopy(values)), sort_keys=False).encode())
+
+
+def unfinished_trials(experiment: str) -> int:
+    """How many trials of the experiment's saved state are neither finished nor failed (after Ctrl-C)."""
+    from ray.tune import ExperimentAnalysis
+
+    return sum(t.status not in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(experiment).trials)
