@@ -266,7 +266,7 @@ def add_bench(commands, common) -> None:
         choices=["collect", "solve", "scale", "mujoco"],
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
         "scale: env steps/s against shards, lockstep and overlapped; "
-        "mujoco: MuJoCo locomotion returns and wall time against CleanRL",
+        "mujoco: MuJoCo locomotion returns and wall time against CleanRL (and raysim/Reach success)",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     bench.set_defaults(run=bench_command)

@@ -106,11 +106,35 @@ def test_bench_mujoco_runs_only_the_missing_runs(tmp_path, capsys):
     argv = ["--configs", "hopper_ppo", "--seeds", "7", "--steps", "2048", "--out", str(tmp_path)]
     assert mujoco.main(argv) == 0
     out = capsys.readouterr().out
-    assert "| Hopper-v5 | 2,048 | raysim | 7 | 1,500.0 +- 0.0 | 1,000.0 +- 0.0 | 50.0 +- 0.0 |" in out
+    assert "| Hopper-v5 | 2,048 | raysim | 7 | 1,500.0 +- 0.0 | 1,000.0 +- 0.0 | - | 50.0 +- 0.0 |" in out
     assert "training seconds per env step 0.50x; training return 1,500.0 vs 1,200.0 (1.25x)" in out
     assert "| Hopper-v5 | 1,000,000 | CleanRL, published (v4) | - | 2,382.9 +- 271.7 |" in out
     assert (tmp_path / "curves.png").is_file() and (tmp_path / "table.md").read_text() in out
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2  # nothing was trained
+
+
+def test_bench_mujoco_tables_the_successes_of_reach(tmp_path, capsys):
+    """reach_ppo (raysim/Reach, no MuJoCo, no peer): each seed's k/n with its Wilson lower end, no anchors."""
+    from raysim.bench import mujoco
+
+    (tmp_path / "curves").mkdir()
+    lines = []
+    for seed, k in ((1, 394), (2, 397)):
+        curve = f"curves/reach-{seed}.csv"
+        (tmp_path / curve).write_text("env_steps,episode_return,episodes\n1000,-80,10\n2000,-1,30\n")
+        lines.append(
+            {"peer": "raysim", "config": "reach_ppo", "env": "raysim/Reach", "seed": seed, "steps": 2048,
+             "env_steps": 2048, "train_seconds": 150.0, "layout": "-", "training_return": -1.0, "eval_mean": 0.0,
+             "eval_std": 0.0, "eval_episodes": 400, "eval_successes": k,
+             "eval_success_lower": mujoco.wilson(k, 400)[0], "curve": curve}
+        )  # fmt: skip
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--configs", "reach_ppo", "--seeds", "1", "2", "--steps", "2048", "--out", str(tmp_path)]
+    assert mujoco.main(argv) == 0  # the default peers: cleanrl has no Gymnasium id to run here
+    out = capsys.readouterr().out
+    row = "| raysim/Reach | 2,048 | raysim | 1,2 | -1.0 +- 0.0 | 0.0 +- 0.0 | 394/400 (0.968), 397/400 (0.978) |"
+    assert row in out
+    assert "published" not in out and len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
 
 
 def test_last_episodes_return_weighs_rows_by_their_episodes():

@@ -382,7 +382,7 @@ def test_left_out_options_resolve_to_the_defaults_so_the_env_identity_does_not_d
 
 def test_the_packaged_reach_config_loads_and_builds_its_env():
     config = load_config("reach_ppo")
-    assert config.env.id == "raysim/Reach" and config.eval.episodes == 200
+    assert config.env.id == "raysim/Reach" and config.eval.episodes == 400
     env = make(config.env.id, 2, seed=0, **config.env.kwargs)
     assert set(env.observation_spaces) == {"policy", "critic"}
     assert env.tolerance == pytest.approx(0.05 * env.reach)

@@ -4,8 +4,11 @@ For each config, seed and step budget, ``raysim`` trains the packaged config (``
 shards and learner as Ray actors) and ``cleanrl`` trains ``benchmarks/cleanrl_ppo_continuous.py``
 (CleanRL's ``ppo_continuous_action.py``, its settings and wrappers) on the same Gymnasium id. Each
 run reports CleanRL's measure, the mean raw training episodic return over the last 10 episodes,
-a deterministic evaluation of the final policy (quota-balanced, 20 episodes), and its training
-seconds (start-up and evaluation excluded). Each finished run is appended to ``results.jsonl`` in
+a deterministic evaluation of the final policy (quota-balanced, ``--eval-episodes``, 20 by default),
+and its training seconds (start-up and evaluation excluded). Where the task defines success (the
+native ``reach_ppo``: ``raysim/Reach``), the evaluation's successes k of its n episodes and the
+lower end of their Wilson 95% interval too; the peer runs only the configs on Gymnasium ids, and
+MuJoCo is needed only by those. Each finished run is appended to ``results.jsonl`` in
 the output folder as it ends, so a later invocation runs only the runs still missing; the
 training curves go to ``curves/*.csv`` and ``curves.png``, the table to ``table.md`` and stdout.
 
@@ -25,6 +28,7 @@ import sys
 from pathlib import Path
 
 from raysim.bench.peers import MISSING, peer_module
+from raysim.evaluation import wilson
 
 PEERS = ("raysim", "cleanrl")
 CONFIGS = ("halfcheetah_ppo", "hopper_ppo")
@@ -35,11 +39,21 @@ ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d":
 SB3_ZOO = {"HalfCheetah": 3100.0, "Hopper": 3500.0}  # SB3 PPO with RL Zoo's tuned settings, about
 
 
-def env_of(config_name: str) -> str:
-    """The Gymnasium id a packaged config trains (``gym:HalfCheetah-v5`` -> ``HalfCheetah-v5``)."""
+def env_id(config_name: str) -> str:
+    """The env id a packaged config trains, as the config names it (``gym:HalfCheetah-v5``, ``raysim/Reach``)."""
     import raysim
 
-    return raysim.load_config(config_name).env.id.removeprefix("gym:")
+    return raysim.load_config(config_name).env.id
+
+
+def env_of(config_name: str) -> str:
+    """The Gymnasium id a packaged config trains (``gym:HalfCheetah-v5`` -> ``HalfCheetah-v5``), else its env id."""
+    return env_id(config_name).removeprefix("gym:")
+
+
+def on_gymnasium(config_name: str) -> bool:
+    """Whether the config trains a Gymnasium id (``gym:...``): only those need MuJoCo and have the peer."""
+    return env_id(config_name).startswith("gym:")
 
 
 def last_episodes_return(curve: list[tuple[int, float, int]], last: int = LAST_EPISODES) -> float | None:
@@ -76,11 +90,13 @@ def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: a
     rows = read_metrics(open_storage(str(run_dir)))
     curve = [(int(r["env_steps"]), r["episode_return"], int(r["episodes"])) for r in rows if r.get("episodes")]
     returns = [record["return"] for record in summary.evaluation.records]
+    rate = summary.evaluation.success_rate
     return {
         "env_steps": summary.env_steps,
         "train_seconds": summary.wall_time,
         "startup_seconds": summary.startup_time,
         "eval_returns": returns,
+        "eval_successes": rate.numerator if rate is not None else None,
         "layout": f"{config.shards.count} shard(s) x {config.env.num_envs} env(s) x {config.algo.num_steps} steps",
     }, curve
 
@@ -93,6 +109,7 @@ def train_cleanrl(config_name: str, seed: int, steps: int, run_dir: Path, args: 
         "env_steps": result["env_steps"],
         "train_seconds": result["train_seconds"],
         "eval_returns": result["eval_returns"],
+        "eval_successes": None,
         "layout": "1 env x 2048 steps",
     }, curve
 
@@ -101,7 +118,8 @@ RUNNERS = {"raysim": train_raysim, "cleanrl": train_cleanrl}
 
 
 def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.Namespace) -> dict:
-    """Train one run, write its curve, and return its result line."""
+    """Train one run, write its curve, and return its result line (``eval_success_lower``: the lower end
+    of the Wilson 95% interval of the evaluation's successes, None where the task defines no success)."""
     name = f"{peer}-{config_name}-s{seed}-{steps}"
     result, curve = RUNNERS[peer](config_name, seed, steps, args.out / "runs" / name, args)
     curves = args.out / "curves"
@@ -111,6 +129,7 @@ def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.N
         writer.writerow(["env_steps", "episode_return", "episodes"])
         writer.writerows(curve)
     evals = result.pop("eval_returns")
+    successes = result["eval_successes"]
     return {
         "peer": peer,
         "config": config_name,
@@ -122,6 +141,7 @@ def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.N
         "eval_mean": statistics.fmean(evals) if evals else None,
         "eval_std": statistics.pstdev(evals) if evals else None,
         "eval_episodes": len(evals),
+        "eval_success_lower": wilson(successes, len(evals))[0] if successes is not None and evals else None,
         "curve": f"curves/{name}.csv",
     }
 
@@ -140,12 +160,22 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):,.1f} +- {spread:,.1f}"
 
 
+def successes(rows: list[dict]) -> str:
+    """Each run's evaluation successes ``k/n (Wilson 95% lower end)``, in seed order; "-" without success."""
+    cells = [
+        f"{r['eval_successes']}/{r['eval_episodes']} ({r['eval_success_lower']:.3f})"
+        for r in sorted(rows, key=lambda r: r["seed"])
+        if r.get("eval_successes") is not None
+    ]
+    return ", ".join(cells) or "-"
+
+
 def table(results: list[dict]) -> str:
     """The markdown table: one row per (config, budget, peer), the anchors, and raysim/peer ratios."""
     lines = [
-        "| env | budget | peer | seeds | training return (last 10 episodes) | deterministic eval (20 episodes) "
-        "| training s | layout |",
-        "|---|---|---|---|---|---|---|---|",
+        "| env | budget | peer | seeds | training return (last 10 episodes) | deterministic eval (mean return) "
+        "| eval success k/n (Wilson 95% lower) | training s | layout |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple, list[dict]] = {}
     for r in results:
@@ -154,17 +184,20 @@ def table(results: list[dict]) -> str:
         seeds = ",".join(str(r["seed"]) for r in sorted(rows, key=lambda r: r["seed"]))
         lines.append(
             f"| {env} | {steps:,} | {peer} | {seeds} | {mean_std([r['training_return'] for r in rows])} "
-            f"| {mean_std([r['eval_mean'] for r in rows])} | {mean_std([r['train_seconds'] for r in rows])} "
+            f"| {mean_std([r['eval_mean'] for r in rows])} | {successes(rows)} "
+            f"| {mean_std([r['train_seconds'] for r in rows])} "
             f"| {rows[0]['layout']} |"
         )
     for env in sorted({r["env"] for r in results}):
         base = env.split("-")[0]
         if base in ANCHORS:
             mean, std = ANCHORS[base]
-            lines.append(f"| {env} | 1,000,000 | CleanRL, published (v4) | - | {mean:,.1f} +- {std:,.1f} | - | - | - |")
+            lines.append(
+                f"| {env} | 1,000,000 | CleanRL, published (v4) | - | {mean:,.1f} +- {std:,.1f} | - | - | - | - |"
+            )
         if base in SB3_ZOO:
             lines.append(
-                f"| {env} | 1,000,000 | SB3 + RL Zoo, published (about) | - | {SB3_ZOO[base]:,.0f} | - | - | - |"
+                f"| {env} | 1,000,000 | SB3 + RL Zoo, published (about) | - | {SB3_ZOO[base]:,.0f} | - | - | - | - |"
             )
     return "\n".join(lines) + "\n" + ratios(groups)
 
@@ -253,16 +286,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if importlib.util.find_spec("mujoco") is None:
-        print('raysim bench mujoco: MuJoCo is not installed (pip install "raysim[mujoco]")', file=sys.stderr)
-        return 2
     from raysim.composition import ConfigError
 
     try:
-        for name in args.configs:
-            env_of(name)
+        gymnasium = [name for name in args.configs if on_gymnasium(name)]
     except ConfigError as error:
         print(f"raysim bench mujoco: {error}", file=sys.stderr)
+        return 2
+    if gymnasium and importlib.util.find_spec("mujoco") is None:
+        print('raysim bench mujoco: MuJoCo is not installed (pip install "raysim[mujoco]")', file=sys.stderr)
         return 2
     peers = [p for p in args.peers if p != "cleanrl" or peer_module("cleanrl_ppo_continuous") is not None]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -272,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             for peer in peers:
                 steps = args.steps if peer == "raysim" else args.peer_steps
-                if (peer, config_name, seed, steps) in done:
+                if (peer, config_name, seed, steps) in done or (peer == "cleanrl" and config_name not in gymnasium):
                     continue
                 result = run_one(peer, config_name, seed, steps, args)
                 with open(path, "a") as f:  # each finished run at once: a later invocation skips it
