@@ -282,10 +282,10 @@ def copy_files(storage: RunStorage, checkpoint: Checkpoint, folder: Path) -> Pat
     """The files of ``checkpoint`` that its manifest covers, copied into the local ``folder`` (created): a
     self-contained checkpoint directory that ``load_directory`` verifies."""
     files = Checkpoints(storage).verified_files(checkpoint)
+    if storage.exists(f"{checkpoint.rel}/{MANIFEST}"):
+        files[MANIFEST] = storage.read(f"{checkpoint.rel}/{MANIFEST}")
     folder.mkdir(parents=True, exist_ok=True)
-    names = [MANIFEST, *files] if storage.exists(f"{checkpoint.rel}/{MANIFEST}") else list(files)
-    for name in names:
-        data = files[name] if name in files else storage.read(f"{checkpoint.rel}/{name}")
+    for name, data in files.items():
         (folder / name).write_bytes(data)
     return folder
 

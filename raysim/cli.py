@@ -382,7 +382,7 @@ def tune_command(args: argparse.Namespace) -> int:
 def report_sweep(grid) -> int:
     """Print the best trial, its config file and run directory; 1 when a trial failed, 130 when the sweep was
     stopped before its end (its best so far is printed)."""
-    from raysim.sweep.sweep import BEST_FILE, load_sweep, unfinished_trials
+    from raysim.sweep.sweep import BEST_FILE, best_trial, load_sweep, unfinished_trials
     from raysim.sweep.trial import TRIALS
 
     sweep = load_sweep(grid.experiment_path)
@@ -390,12 +390,11 @@ def report_sweep(grid) -> int:
     print(f"\nsweep: {len(grid)} trial(s), {grid.num_errors} failed; experiment directory: {sweep.experiment}")
     if unfinished:  # Ctrl-C or SIGTERM: Tune stopped the trials and saved the experiment's state
         print(f"sweep: stopped, {unfinished} trial(s) unfinished: `raysim tune --resume {sweep.experiment}` continues")
-    try:
-        best = grid.get_best_result(metric=sweep.metric, mode=sweep.mode, scope="last")
-    except RuntimeError:
+    found = best_trial(sweep, grid)
+    if found is None:
         print(f"sweep: no trial reported {sweep.metric}: no best config")
         return 130 if unfinished else 1
-    values = {k: v for k, v in best.config.items() if k in sweep.params}
+    best, values = found
     trial = best.metrics.get("trial_id", "?")
     print(f"best trial {trial}: {sweep.metric} = {best.metrics.get(sweep.metric)} with {values}")
     print(f"best config: {sweep.experiment}/{BEST_FILE}  (train it: raysim train {sweep.experiment}/{BEST_FILE})")

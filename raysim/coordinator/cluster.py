@@ -242,24 +242,15 @@ def wait_for_room(config: Config, ray, interval: float = 5.0) -> None:
         return
     found = needs(config)
     wanted = total(found)
-    biggest = largest_node(ray)
-    for need in found:  # an actor larger than every node can only run on a node to come
-        if shortfall(need.each, biggest) and not can_grow(ray):
-            raise ResourceError(
-                f"one of the {need.role} asks for {amounts(need.each)} and no node of this cluster has that much "
-                f"(the largest: {amounts(biggest)}); change {need.keys}"
-            )
+    refuse_impossible(found, ray, settle=10.0)  # a cluster just started may not have reported its autoscaler yet
     deadline, requested, said = time.monotonic() + config.resources_timeout, False, 0.0
     while True:
         short_total = shortfall(wanted, ray.cluster_resources())
         short_free = shortfall(wanted, ray.available_resources())
         if not short_total and not short_free:
             return
-        if short_total and not can_grow(ray):
-            raise ResourceError(
-                f"this run needs {amounts(wanted)} and the cluster has {amounts(ray.cluster_resources())} with no "
-                f"autoscaler to add more; lower what the roles ask for:\n{describe_needs(found)}"
-            )
+        if short_total:  # more than the cluster has: only an autoscaler can add it
+            refuse_impossible(found, ray)
         if short_total and not requested:
             from ray.autoscaler.sdk import request_resources
 
@@ -279,6 +270,25 @@ def wait_for_room(config: Config, ray, interval: float = 5.0) -> None:
             )
             said = time.monotonic()
         time.sleep(0.5)
+
+
+def refuse_impossible(found: list[Need], ray, what: str = "this run", settle: float = 0.0) -> None:
+    """Raise when the roles can never fit (one larger than every node, or all together more than the cluster
+    has) and no autoscaler can add nodes (``settle``: see ``can_grow``)."""
+    biggest, wanted = largest_node(ray), total(found)
+    have = {name: ray.cluster_resources().get(name, 0.0) for name in wanted}
+    too_big = [need for need in found if shortfall(need.each, biggest)]
+    if not (too_big or shortfall(wanted, have)) or can_grow(ray, settle):
+        return
+    for need in too_big:  # an actor larger than every node can only run on a node to come
+        raise ResourceError(
+            f"one of the {need.role} asks for {amounts(need.each)} and no node of this cluster has that much "
+            f"(the largest: {amounts(biggest)}); change {need.keys}"
+        )
+    raise ResourceError(
+        f"{what} needs {amounts(wanted)} and the cluster has {amounts(have)} with no autoscaler to add more; "
+        f"lower what the roles ask for:\n{describe_needs(found)}"
+    )
 
 
 def largest_node(ray) -> dict[str, float]:

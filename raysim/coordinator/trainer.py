@@ -146,7 +146,7 @@ class Trainer:
         # steps: what the planned iterations of fixed batches collect, else the budget.
         rows, per_row = config.shards.count * config.env.num_envs, self.plan.steps_per_row
         self.fixed_batches = per_row is not None and not config.shards.max and config.shards.first_arrived >= 1
-        self.planned = max(1, math.ceil(config.train.total_steps / (rows * (per_row or 1))))
+        self.planned = planned_iterations(config)
         self.horizon = self.planned * rows * per_row if self.fixed_batches else config.train.total_steps
         self.learner_restarts = 0
         self.fault_at = os.environ.get("RAYSIM_FAULT_AT", "")  # tests: "<phase>:<iteration>[:kill|term|int]"
@@ -630,6 +630,13 @@ class Trainer:
                 self.backend.kill(handle)
             return
         os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[how])
+
+
+def planned_iterations(config: Config) -> int:
+    """The iterations ``train.total_steps`` takes at rows x steps per row each (the most, for varying batches)."""
+    per_row = algorithm_class(config.algo.name).collection(config.algo).steps_per_row
+    rows = config.shards.count * config.env.num_envs
+    return max(1, math.ceil(config.train.total_steps / (rows * (per_row or 1))))
 
 
 def eval_due(config: Config, iteration: int, steps_before: int, env_steps: int) -> bool:

@@ -13,7 +13,6 @@ against the cluster before anything starts.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -22,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from raysim.algos import algorithm_class
 from raysim.composition import ConfigError
 from raysim.config import Config, to_dict
-from raysim.coordinator.cluster import ResourceError, amounts, can_grow, connect, largest_node, needs, shortfall
+from raysim.coordinator.cluster import Need, connect, needs, refuse_impossible
+from raysim.coordinator.trainer import planned_iterations
 from raysim.storage import is_uri, open_storage
 from raysim.sweep.space import Param, check_params, config_with, parse_spec
 from raysim.sweep.trial import TRIALS, run_trial, trial_config
@@ -82,46 +81,24 @@ def check_sweep(sweep: Sweep) -> None:
             )
 
 
+def trial_needs(config: Config) -> list[Need]:
+    """What one trial asks for: its coordinator, then its role actors (none with ``backend: local``)."""
+    coordinator = Need("trial coordinators", 1, {"CPU": TRIAL_CPUS}, f"a fixed {TRIAL_CPUS:g} CPU")
+    return [coordinator, *(needs(config) if config.backend == "ray" else [])]
+
+
 def trial_bundles(config: Config) -> list[dict[str, float]]:
-    """The placement group of one trial: its coordinator, then one bundle per role actor."""
-    bundles = [{"CPU": TRIAL_CPUS}]
-    if config.backend == "ray":
-        for need in needs(config):
-            each = {k: v for k, v in need.each.items() if v > 0}
-            bundles += [each] * need.count if each else []
+    """The placement group of one trial: a bundle per actor of ``trial_needs``."""
+    bundles = []
+    for need in trial_needs(config):
+        each = {k: v for k, v in need.each.items() if v > 0}
+        bundles += [each] * need.count if each else []
     return bundles
-
-
-def check_fits(bundles: list[dict[str, float]], ray) -> None:
-    """One trial must fit the cluster (every bundle on some node, all of them together), unless it can grow."""
-    if can_grow(ray, settle=10.0):
-        return
-    biggest = largest_node(ray)
-    for bundle in bundles:
-        if shortfall(bundle, biggest):
-            raise ResourceError(
-                f"one role of a trial asks for {amounts(bundle)} and no node has that much (the largest: "
-                f"{amounts(biggest)}): lower shards.num_cpus, learner.num_cpus or learner.num_gpus"
-            )
-    wanted: dict[str, float] = {}
-    for bundle in bundles:
-        for name, amount in bundle.items():
-            wanted[name] = wanted.get(name, 0.0) + amount
-    have = {name: ray.cluster_resources().get(name, 0.0) for name in wanted}
-    if shortfall(wanted, have):
-        raise ResourceError(
-            f"one trial needs {amounts(wanted)} (its coordinator {TRIAL_CPUS:g} CPU, then shards, evaluation shards "
-            f"and learner ranks) and the cluster has {amounts(have)}: lower shards.num_cpus, learner.num_cpus, "
-            "shards.count or eval.shards"
-        )
 
 
 def planned_reports(config: Config) -> int:
     """The most reports a trial makes (ASHA's ``max_t``): one per log step, plus the final one."""
-    plan = algorithm_class(config.algo.name).collection(config.algo)
-    per_iteration = config.shards.count * config.env.num_envs * (plan.steps_per_row or 1)
-    iterations = math.ceil(config.train.total_steps / max(1, per_iteration))
-    return math.ceil(iterations / config.train.log_every) + 1
+    return math.ceil(planned_iterations(config) / config.train.log_every) + 1
 
 
 def scheduler_of(sweep: Sweep, config: Config) -> Any:
@@ -231,7 +208,7 @@ def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     started = connect(config, address, extra_cpus=TRIAL_CPUS)
     try:
-        check_fits(trial_bundles(config), ray)
+        refuse_impossible(trial_needs(config), ray, what="one trial", settle=10.0)
         storage = open_storage(sweep.experiment)
         trainable = trainable_of(sweep, config)
         if resume:
@@ -274,16 +251,22 @@ def best_config(sweep: Sweep, values: dict[str, Any]) -> dict:
     return data
 
 
-def write_best(sweep: Sweep, grid: Any, storage) -> None:
-    """``best.yaml`` of the best trial (by its last report), if any trial reported the metric."""
+def best_trial(sweep: Sweep, grid: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The best trial's result (by its last report) and its searched values; None if no trial reported the metric."""
     try:
         best = grid.get_best_result(metric=sweep.metric, mode=sweep.mode, scope="last")
     except RuntimeError:
-        return
+        return None
     if best.metrics is None or sweep.metric not in best.metrics:
-        return
-    values = {k: v for k, v in best.config.items() if k in sweep.params}
-    storage.write(BEST_FILE, yaml.safe_dump(best_config(sweep, copy.deepcopy(values)), sort_keys=False).encode())
+        return None
+    return best, {k: v for k, v in best.config.items() if k in sweep.params}
+
+
+def write_best(sweep: Sweep, grid: Any, storage) -> None:
+    """``best.yaml`` of the best trial, if any trial reported the metric."""
+    found = best_trial(sweep, grid)
+    if found is not None:
+        storage.write(BEST_FILE, yaml.safe_dump(best_config(sweep, found[1]), sort_keys=False).encode())
 
 
 def unfinished_trials(experiment: str) -> int:
