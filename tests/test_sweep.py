@@ -21,12 +21,12 @@ pytest.importorskip("ray.tune")
 
 RAYSIM = str(Path(sys.executable).parent / "raysim")
 TINY = [  # CartPole PPO: 4 iterations of 1,024 steps, a report each, trials of 1 CPU (2 at once on 2 CPUs)
+    # (no eval.max_steps: an evaluation cut before any episode ends reports NaN, which ASHA cannot rank)
     "--set=train.total_steps=4096",
     "--set=train.log_every=1",
     "--set=shards.num_cpus=0.3",
     "--set=learner.num_cpus=0.3",
     "--set=eval.episodes=5",
-    "--set=eval.max_steps=100",
 ]
 
 
@@ -115,9 +115,10 @@ def head():
 
 def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(head, tmp_path):
     experiment = tmp_path / "asha"
-    command = [RAYSIM, "tune", "--param", "algo.lr=loguniform:1e-4:1e-2", "--samples", "4", "--scheduler", "asha"]
+    # two learning trials run to the end; then a third that barely learns (lr 1e-6) is stopped at the first rung
+    # while a fourth still runs. Tune does not save ASHA's rungs with the experiment: the kill waits for that stop
+    command = [RAYSIM, "tune", "--param", "algo.lr=grid:3e-3,8e-3,1e-6,5e-3", "--scheduler", "asha"]
     command += ["--grace-period", "1", "--reduction-factor", "2", "--max-concurrent", "2", *TINY]
-    # Tune does not save ASHA's rungs with the experiment: the early stop is awaited before the kill
     command += ["--dir", str(experiment), "--address", head.address]
     with open(tmp_path / "driver.log", "w") as log:
         driver = subprocess.Popen(command, env=head.env, stdout=log, stderr=subprocess.STDOUT)
@@ -160,7 +161,7 @@ def test_pbt_exploit_restores_the_donors_checkpoint_with_the_mutated_learning_ra
     experiment = tmp_path / "pbt"
     command = [RAYSIM, "tune", "--param", "algo.lr=choice:1e-4,3e-3", "--samples", "2", "--scheduler", "pbt"]
     command += ["--perturbation-interval", "2", "--quantile-fraction", "0.5", "--synch", *TINY]
-    command += ["--set=eval.max_steps=500", "--set=algo.lr_schedule=constant"]
+    command += ["--set=algo.lr_schedule=constant"]
     command += ["--set=backend=local"]  # the roles in the trial actor: quick restarts
     command += ["--dir", str(experiment), "--address", head.address]
     done = subprocess.run(command, env=head.env, capture_output=True, text=True, timeout=400)
