@@ -17,6 +17,7 @@ from raysim.learner import Learner
 from raysim.metrics import ParquetSink
 from raysim.models.networks import ModelConfig
 from raysim.records import read_metrics
+from raysim.rollout.inference import inference
 from raysim.rollout.shard import EnvShard
 from raysim.storage import open_storage
 from tests.support.threaded_ranks import ThreadedRanks
@@ -338,3 +339,28 @@ def test_fixed_batches_keep_the_per_iteration_linear_schedule_bitwise(tmp_path):
     planned = 8  # ceil(1000 / 128) iterations of 128 env steps: the horizon is 1024 steps
     assert summary.iterations == planned and [r["iteration"] for r in rows] == list(range(1, planned + 1))
     assert [r["lr"] for r in rows] == [config.algo.lr * max(0.0, 1.0 - i / planned) for i in range(planned)]
+
+
+def test_a_chunk_of_an_older_policy_is_clipped_around_the_learners_policy_and_weighted_truncated():
+    learner, shard = cartpole_learner_and_shard(max_policy_lag=1, max_is_weight=1.05, lr=0.05)
+    old = shard.rollout(learner.get_weights(), 16)  # version 0, trained on after version 1 is out
+    learner.update(shard.rollout(learner.get_weights(), 16))
+    current = shard.rollout(learner.get_weights(), 16)  # version 1, the learner's
+    assert "is_weights" not in learner.algorithm.batch([current])  # no lagging chunk: plain PPO
+    learner.algorithm.version = learner.version
+    batch = learner.algorithm.batch([old, current])
+    lagging = int(old.mask.sum())
+    actor = learner.model.actor
+    with inference(actor):
+        proximal, _ = actor.log_prob_entropy(batch["obs"]["policy"][:lagging], batch["actions"][:lagging])
+    assert torch.equal(batch["logprobs"][:lagging], proximal)  # the ratio starts at 1 for the lagging chunk
+    weights = (proximal - old.logp[old.mask]).exp()
+    assert (weights > 1.05).any() and (weights < 1.05).any()  # the policy moved: some weights are truncated
+    assert torch.equal(batch["is_weights"][:lagging], weights.clamp(max=1.05))
+    assert torch.equal(batch["logprobs"][lagging:], current.logp[current.mask])  # the acting policy is proximal
+    assert torch.equal(batch["is_weights"][lagging:], torch.ones(len(batch["logprobs"]) - lagging))
+    _, metrics = learner.algorithm.loss(
+        {k: v[:lagging] if torch.is_tensor(v) else v for k, v in batch.items()}
+        | {"obs": {g: o[:lagging] for g, o in batch["obs"].items()}}
+    )
+    assert metrics["approx_kl"] == 0 and metrics["clipfrac"] == 0

@@ -40,6 +40,7 @@ class Algorithm:
         if self.uses_critic and model.critic is None:
             raise ValueError(f"algo {self.name!r} needs a critic, but model.critic is false")
         self.config, self.model, self.ranks = config, model, ranks
+        self.version = 0  # the policy version of the model's weights: the learner sets it before each update
 
     @classmethod
     def collection(cls, config: Any) -> Collection:

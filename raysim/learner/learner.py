@@ -170,6 +170,7 @@ class Learner:
         lr = self.learning_rate(env_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        self.algorithm.version = self.version  # chunks of a lower policy_version were collected by an older policy
         metrics = self.algorithm.update(chunks_here, self.step, self.generator)
         self.version += 1
         self.window.add(metrics, episode_sums(chunks))
