@@ -346,8 +346,8 @@ def test_a_chunk_of_an_older_policy_is_clipped_around_the_learners_policy_and_we
     old = shard.rollout(learner.get_weights(), 16)  # version 0, trained on after version 1 is out
     learner.update(shard.rollout(learner.get_weights(), 16))
     current = shard.rollout(learner.get_weights(), 16)  # version 1, the learner's
+    learner.algorithm.version = learner.version  # as the learner sets it before an update
     assert "is_weights" not in learner.algorithm.batch([current])  # no lagging chunk: plain PPO
-    learner.algorithm.version = learner.version
     batch = learner.algorithm.batch([old, current])
     lagging = int(old.mask.sum())
     actor = learner.model.actor
