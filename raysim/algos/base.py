@@ -12,7 +12,8 @@ found by name in the registry (``raysim.algos``) or as ``module.path:Class``.
 The learner reads these fields of every algorithm config: ``lr``, ``lr_schedule`` (``constant`` |
 ``linear``), ``max_grad_norm``, ``max_nonfinite_updates``; ``run_epochs`` reads ``update_epochs``,
 ``num_minibatches`` and, where present, ``target_kl``; the coordinator reads ``max_policy_lag`` (how many
-policy versions the shards may collect ahead of the update).
+policy versions the shards may collect ahead of the update). Before each update the learner sets the algorithm's
+``version`` (its weights' policy version): a chunk of a lower ``policy_version`` was collected by an older policy.
 """
 
 from __future__ import annotations
