@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -32,6 +34,30 @@ def ray_session():
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = saved
+
+
+@pytest.fixture(autouse=True)
+def ray_session_left_empty(request):
+    """After a test that used the session's Ray: its actors are gone and every CPU is free again.
+
+    An actor lives as long as a handle to it: a handle caught in a reference cycle (a frame kept by a
+    traceback, e.g. ``pytest.raises``) would hold its CPUs until the next full garbage collection, and a
+    later test would wait for them. The cycle is collected here; a test that still holds CPUs fails by name.
+    """
+    yield
+    if "ray_session" not in request.fixturenames:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        return
+    gc.collect()
+    total = ray.cluster_resources().get("CPU", 0.0)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0.0) < total and time.monotonic() < deadline:
+        time.sleep(0.1)
+    free = ray.available_resources().get("CPU", 0.0)
+    assert free == total, f"{request.node.nodeid} left Ray actors holding {total - free:g} of {total:g} CPUs"
 
 
 @pytest.fixture
