@@ -44,9 +44,10 @@ class GuardedStep:
         how many samples ``loss`` is the mean over (this rank's weight in the average across ranks).
         """
         self.optimizer.zero_grad(set_to_none=True)
-        bad = [name for name, value in terms.items() if not bool(torch.isfinite(value).all())]
-        if not bad and not bool(torch.isfinite(loss)):
-            bad = ["loss"]
+        bad = []
+        checked = torch.cat([v.detach().reshape(-1) for v in (loss, *terms.values())])
+        if not bool(torch.isfinite(checked).all()):  # one host sync; the names only when something is wrong
+            bad = [name for name, value in terms.items() if not bool(torch.isfinite(value).all())] or ["loss"]
         if not bad:
             loss.backward()
         if self.ranks is not None and self.ranks.world_size > 1 and self._average_across_ranks(bool(bad), samples):

@@ -9,7 +9,12 @@ raysim, the terminal values of the eligible rows):
   with a new weights version every round so the shard loads the weights each time, as in training;
 - ``raysim Ray actor``: the same shard as a Ray actor; the weights go in as an object ref from one
   ``ray.put`` per round, the chunk comes back with ``ray.get`` and the driver (playing the learner)
-  computes the values;
+  computes the values: one request's latency, round trip included;
+- ``raysim Ray actor, steady state``: a shard actor like it collecting chunk after chunk as in training with
+  ``algo.max_policy_lag: 1`` (its next collection always queued, so it never waits for the driver): one
+  ``ray.put`` of the weights per round, then ``STEADY_CHUNKS`` chunks, each taken by the driver, which
+  computes its values while the shard collects the next; the time per chunk is the round's time over
+  ``STEADY_CHUNKS`` (the first chunk's latency, filling the pipeline, included);
 - the baselines run CleanRL's ``ppo.py`` rollout loop (actor logits, Categorical sample and
   log-prob, critic value, ``env.step``, preallocated torch buffers, then the bootstrap value of the
   last observation) over Gymnasium's ``SyncVectorEnv``, Gymnasium's native ``CartPoleVectorEnv``
@@ -50,11 +55,14 @@ GYM_ID = "CartPole-v1"
 
 INPROC = "raysim in-process"
 RAY = "raysim Ray actor"
+STEADY = "raysim Ray actor, steady state"
 SYNC = "Gymnasium SyncVectorEnv"
 NATIVE = "Gymnasium CartPoleVectorEnv"
 ENVPOOL = "EnvPool"
 FLOOR = "compute floor"
-ROWS = (INPROC, RAY, SYNC, NATIVE, ENVPOOL)
+ROWS = (INPROC, RAY, STEADY, SYNC, NATIVE, ENVPOOL)
+STEADY_CHUNKS = 16  # chunks per round of the steady-state row
+QUEUED = 2  # collections queued on the steady-state shard (max_policy_lag + 1, as the Collector keeps)
 
 DEFAULT_ENVS = [1, 64, 1024]
 #: Ray starts its workers with niceness 15: on a busy machine they then lose the CPU to every
@@ -65,11 +73,12 @@ QUICK = {"envs": [1, 64], "warmups": 1, "samples": 3}
 
 @dataclass
 class Row:
-    """One collector: ``collect(version)`` does one complete collection; ``close()`` frees it."""
+    """One collector: ``collect(version)`` does ``chunks`` complete collections; ``close()`` frees it."""
 
     name: str
     collect: Callable[[int], Any]
     close: Callable[[], None] = lambda: None
+    chunks: int = 1  # the time per chunk is a call's time over this
 
 
 @dataclass
@@ -87,7 +96,7 @@ class Results:
 
 
 def _raysim_rows(n: int, steps: int, seed: int, use_ray: bool, results: Results):
-    """The learner-side model, the in-process shard row and (optionally) the Ray actor row."""
+    """The learner-side model, the in-process shard row and (optionally) the Ray actor rows."""
     from raysim.models import ActorCritic, ModelConfig
     from raysim.rollout.advantages import chunk_values
     from raysim.rollout.shard import EnvShard
@@ -106,21 +115,22 @@ def _raysim_rows(n: int, steps: int, seed: int, use_ray: bool, results: Results)
     rows = [Row(INPROC, inproc)]
     if use_ray and RAY not in results.skipped:
         try:
-            rows.append(_ray_row(n, steps, seed, model, chunk_values))
+            rows += _ray_rows(n, steps, seed, model, chunk_values)
         except Exception as error:  # no Ray, or it would not start: measure the rest
             results.skipped[RAY] = f"{type(error).__name__}: {error}"
     return model, rows
 
 
-def _ray_row(n: int, steps: int, seed: int, model, chunk_values) -> Row:
+def _ray_rows(n: int, steps: int, seed: int, model, chunk_values) -> list[Row]:
+    """The Ray actor rows: one request's latency, and chunk after chunk (steady state), each its own actor."""
     import ray
 
     from raysim.rollout.shard import EnvShard
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", _system_config=SIDE_BY_SIDE)
-    shard = ray.remote(EnvShard).options(num_cpus=1).remote(ENV_ID, n, seed=seed)
-    ray.get(shard.spaces.remote())  # wait until the actor is up
+    shard, steady = (ray.remote(EnvShard).options(num_cpus=1).remote(ENV_ID, n, seed=seed) for _ in range(2))
+    ray.get([shard.spaces.remote(), steady.spaces.remote()])  # wait until the actors are up
 
     def collect(version: int):
         ref = ray.put({"version": version, "actor": model.actor.state_dict()})
@@ -128,7 +138,20 @@ def _ray_row(n: int, steps: int, seed: int, model, chunk_values) -> Row:
         values, next_values = chunk_values(model.critic, chunk)
         return chunk, values, next_values
 
-    return Row(RAY, collect, lambda: ray.kill(shard))
+    def collect_steadily(version: int):
+        ref = ray.put({"version": version, "actor": model.actor.state_dict()})
+        queued = [steady.rollout.remote(ref, steps) for _ in range(min(QUEUED, STEADY_CHUNKS))]
+        for k in range(STEADY_CHUNKS):
+            chunk = ray.get(queued.pop(0))
+            if k + len(queued) + 1 < STEADY_CHUNKS:
+                queued.append(steady.rollout.remote(ref, steps))
+            values, next_values = chunk_values(model.critic, chunk)  # while the shard collects the next
+        return chunk, values, next_values
+
+    return [
+        Row(RAY, collect, lambda: ray.kill(shard)),
+        Row(STEADY, collect_steadily, lambda: ray.kill(steady), chunks=STEADY_CHUNKS),
+    ]
 
 
 def _floor_row(n: int, steps: int, model) -> Row:
@@ -168,7 +191,7 @@ def _measure(n: int, args, results: Results) -> None:
             for row in rows[shift:] + rows[:shift]:
                 start = time.perf_counter()
                 out = row.collect(version)
-                elapsed = (time.perf_counter() - start) * 1e3
+                elapsed = (time.perf_counter() - start) * 1e3 / row.chunks
                 del out
                 if rnd >= args.warmups:
                     results.times.setdefault((row.name, n), []).append(elapsed)
@@ -410,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed", type=int, default=42, help="seed of the envs, the model and the sampling (default 42)"
     )
-    parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor row (and do not start Ray)")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor rows (and do not start Ray)")
     parser.add_argument(
         "--baseline-net",
         choices=["cleanrl", "raysim"],
