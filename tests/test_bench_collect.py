@@ -34,3 +34,12 @@ def test_quick_run_prints_the_table(capsys):
 def test_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         main(["--envs", "0", "--no-ray"])
+
+
+def test_the_ray_rows_include_the_steady_state_shard_and_leave_no_actor_behind(ray_session, capsys):
+    assert main(["--quick", "--envs", "1", "--scale"]) == 0
+    out = capsys.readouterr().out
+    for row in ("raysim Ray actor", "raysim Ray actor, steady state"):
+        match = re.search(rf"^\| {re.escape(row)} +\| 1 +\| ([0-9.]+) +\|", out, re.M)
+        assert match and float(match.group(1)) > 0, f"no table row for {row}:\n{out}"
+    assert ray_session.is_initialized()  # a Ray it did not start stays up (its actors go: ray_session_left_empty)

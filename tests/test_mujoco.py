@@ -11,6 +11,8 @@ import torch
 pytest.importorskip("mujoco", reason='MuJoCo is not installed (pip install "raysim[mujoco]")')
 
 import raysim  # noqa: E402
+from raysim.records import read_metrics  # noqa: E402
+from raysim.storage import open_storage  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +77,7 @@ def test_hopper_config_improves_its_training_return_over_a_small_budget(tmp_path
     )
     assert config.model.obs_norm and config.algo.reward_scale
     raysim.Trainer(config).train()
-    rows = raysim.records.read_metrics(raysim.storage.open_storage(str(tmp_path / "run")))
+    rows = read_metrics(open_storage(str(tmp_path / "run")))
     first, last = rows[0]["episode_return"], rows[-1]["episode_return"]
     assert len(rows) == 6 and last > 3 * first, (first, last)  # seed 1: 14 -> 131
 

@@ -73,17 +73,23 @@ def create_learner(backend: Backend, config: Config, spaces: tuple, horizon: int
 
 def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) -> Roles:
     """Every role of a run: training shards, evaluation shards (when the run evaluates), the learner group,
-    all starting at once (``spaces``: the env's observation spaces and action space, from the preflight)."""
+    all starting at once (``spaces``: the env's observation spaces and action space, from the preflight).
+
+    Returns once the training shards answer (the learner's first answer is the first iteration's weights).
+    The evaluation shards are created then, not needed before the first evaluation: they start while the
+    first iterations run instead of delaying them (the preflight checked that the cluster has room for
+    every role).
+    """
     shards = [create_shard(backend, config, i) for i in range(config.shards.count)]
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
         backend.request_capacity(shard_request(config), config.shards.max)
+    learner = create_learner(backend, config, spaces, horizon)
+    try:
+        started = backend.wait_started(shards, EnvShard.spaces, "shards", config.resources_timeout)
+    except TimeoutError as error:
+        raise ResourceError(f"{error}:\n{describe_needs(needs(config))}") from error
     evaluates = config.eval.episodes or config.eval.every or config.eval.every_steps
     eval_shards = [
         create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)
     ]
-    learner = create_learner(backend, config, spaces, horizon)
-    try:
-        started = backend.wait_started([*shards, *eval_shards], EnvShard.spaces, "shards", config.resources_timeout)
-    except TimeoutError as error:
-        raise ResourceError(f"{error}:\n{describe_needs(needs(config))}") from error
     return Roles(shards, eval_shards, learner, started[0][2], spaces)
