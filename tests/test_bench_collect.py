@@ -1,4 +1,4 @@
-"""Smoke test of the collection benchmark (``raysim bench collect --quick --no-ray``)."""
+"""Smoke tests of the collection benchmark: the table without Ray (``--quick --no-ray``), and its Ray rows."""
 
 import re
 

@@ -125,13 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.one:
         measure = measure_floor if args.one == "floor" else measure_raysim
         print(json.dumps(measure(args.config)), flush=True)
         return 0
     if args.repeats < 1:
-        build_parser().error("--repeats must be >= 1")
+        parser.error("--repeats must be >= 1")
     floors, runs = [], []
     for i in range(args.repeats):
         for kind in ("floor", "raysim") if i % 2 == 0 else ("raysim", "floor"):
