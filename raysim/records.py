@@ -2,7 +2,9 @@
 
 Metrics rows are written in parts (``metrics/part-<n>.parquet``, a new part per flush, never a growing
 file rewritten at each log step) and merged when the run ends; ``read_metrics`` reads them in order
-(a run from before parts, with one ``metrics.parquet``, too). Evaluation records are one file per
+(a run from before parts, with one ``metrics.parquet``, too). A merged part is marked as the whole
+run (schema metadata): reading starts from the newest such part, so a merge cut between writing it
+and removing the parts it replaces (a process killed) reads every row once. Evaluation records are one file per
 evaluation, ``eval/<iteration>.parquet``.
 """
 
@@ -17,6 +19,7 @@ import pyarrow.parquet as pq
 from raysim.storage import RunStorage
 
 METRICS, LEGACY_METRICS = "metrics", "metrics.parquet"
+WHOLE_RUN = b"raysim.whole_run"  # schema metadata of a merged part: it holds every row logged before it
 _PART = re.compile(r"^part-(\d+)\.parquet$")
 
 Row = dict[str, float]
@@ -46,16 +49,21 @@ def metric_parts(storage: RunStorage) -> list[tuple[int, str]]:
 
 def read_metrics(storage: RunStorage) -> list[Row]:
     """Every metrics row of the run, in the order logged (one row per log step)."""
-    rows = read_table(storage, LEGACY_METRICS).to_pylist() if storage.exists(LEGACY_METRICS) else []
-    for _, rel in metric_parts(storage):
-        rows += read_table(storage, rel).to_pylist()
+    tables = [read_table(storage, rel) for _, rel in metric_parts(storage)]
+    whole = [i for i, table in enumerate(tables) if WHOLE_RUN in (table.schema.metadata or {})]
+    if whole:
+        tables = tables[whole[-1] :]
+    elif storage.exists(LEGACY_METRICS):
+        tables.insert(0, read_table(storage, LEGACY_METRICS))
+    rows = [row for table in tables for row in table.to_pylist()]
     return [{k: v for k, v in row.items() if v is not None} for row in rows]
 
 
 def write_metrics(storage: RunStorage, rows: list[Row]) -> None:
-    """Replace every metrics part (and a legacy file) by one part holding ``rows``."""
+    """Replace every metrics part (and a legacy file) by one part holding ``rows``, marked as the whole run."""
     old = metric_parts(storage)
-    storage.write(f"{METRICS}/part-{(old[-1][0] + 1) if old else 0:06d}.parquet", parquet_bytes(rows_table(rows)))
+    table = rows_table(rows).replace_schema_metadata({WHOLE_RUN: b"1"})
+    storage.write(f"{METRICS}/part-{(old[-1][0] + 1) if old else 0:06d}.parquet", parquet_bytes(table))
     for _, rel in old:
         storage.remove(rel)
     storage.remove(LEGACY_METRICS)

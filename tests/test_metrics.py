@@ -218,6 +218,24 @@ def test_parquet_columns_that_appear_later_are_null_before_and_a_failed_write_is
     assert [r["iteration"] for r in read_metrics(storage)] == [1, 2]
 
 
+def test_a_merge_cut_before_it_removed_the_parts_it_replaces_reads_every_row_once(tmp_path, monkeypatch):
+    storage = open_storage(tmp_path)
+    sink = ParquetSink(storage, flush_seconds=0)
+    for i in (1, 2, 3):
+        sink.write({"iteration": i, "env_steps": 10 * i})
+    monkeypatch.setattr(storage, "remove", lambda rel: None)  # the process is killed once the merged part is written
+    sink.close()
+    assert len(metric_parts(storage)) == 4  # three parts and the merge of them
+    assert [r["iteration"] for r in read_metrics(storage)] == [1, 2, 3]
+    monkeypatch.undo()
+    sink = ParquetSink(storage, flush_seconds=0)  # a resumed run appends after the merged part, then merges again
+    sink.write({"iteration": 4, "env_steps": 40})
+    assert [r["iteration"] for r in read_metrics(storage)] == [1, 2, 3, 4]
+    sink.close()
+    assert len(metric_parts(storage)) == 1
+    assert [r["iteration"] for r in read_metrics(storage)] == [1, 2, 3, 4]
+
+
 def test_console_output_is_plain_lines_off_a_terminal_and_an_in_place_bar_on_one():
     records = [
         {

@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raysim.cli import main
+from raysim.storage import RunLock, open_storage
+from raysim.storage.lock import stale
 from tests.support.ray_head import RayHead
 
 pytest.importorskip("ray.tune")
@@ -102,6 +104,13 @@ def files_of(run_dir: Path) -> dict[str, int]:
     return {str(p.relative_to(run_dir)): p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
 
 
+def settled(run_dir: Path) -> bool:
+    """No live process holds the run directory: its run closed, or the process that held it is gone."""
+    lock = RunLock(open_storage(run_dir))
+    holder = lock.holder()
+    return holder is None or stale(holder, lock.lease) is not None
+
+
 def metrics_rows(run_dir: Path) -> list[dict]:
     parts = sorted((run_dir / "metrics").glob("part-*.parquet"))
     return [row for part in parts for row in pq.read_table(part).to_pylist()]
@@ -133,6 +142,9 @@ def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(he
         driver.send_signal(signal.SIGKILL)
         driver.wait()
     assert 1 <= len(finished) < 4, (tmp_path / "driver.log").read_text()[-3000:]
+    deadline = time.monotonic() + 60  # a trial Tune stopped may still be closing its run when the driver dies
+    while not all(settled(experiment / "trials" / t) for t in finished) and time.monotonic() < deadline:
+        time.sleep(0.2)
     before = {t: files_of(experiment / "trials" / t) for t in finished}
 
     done = subprocess.run(
@@ -147,6 +159,9 @@ def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(he
     assert len(states) == 4 and all(s["status"] == "TERMINATED" for s in states.values())
     for trial in finished:  # not run again: not a file of their run directories changed
         assert files_of(experiment / "trials" / trial) == before[trial]
+    for trial in set(states) - set(finished):  # ended under the resumed driver: each run closed before its actor
+        files = files_of(experiment / "trials" / trial)
+        assert "lock.json" not in files and sum(f.startswith("metrics/") for f in files) == 1, sorted(files)
     iterations = {t: s["last"]["iteration"] for t, s in states.items()}
     assert min(iterations.values()) < 4 <= max(iterations.values()), iterations  # ASHA stopped one early
     assert "best config:" in done.stdout

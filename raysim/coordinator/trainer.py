@@ -46,8 +46,8 @@ from raysim.storage import RunLock, is_uri, open_storage
 
 FINISHED = ("budget", "solved")  # the stop reasons of a run that reached its end
 
-#: Called at every log step with its metrics record and the checkpoint saved in that iteration (or None),
-#: and once more when the run finished, with the final evaluation and the final checkpoint (a Tune trial).
+#: Called at every log step with its metrics record and the checkpoint saved in that iteration (or None).
+#: The end of the run is in its ``Summary`` (a Tune trial reports it once the run closed: ``final_metrics``).
 Reporter = Callable[[dict[str, float], Checkpoint | None], None]
 
 
@@ -65,6 +65,12 @@ class Summary:
     interrupted: bool = False  # stopped before the end (a signal, or train.stop_after): resume continues
     steps_this_run: int = 0  # env steps collected by this process (a resumed run counts from its checkpoint)
     stopped_by: str = "budget"  # budget | solved | stop_after | SIGINT | SIGTERM
+    checkpoint: Checkpoint | None = None  # the run's last checkpoint
+
+    @property
+    def final_metrics(self) -> dict[str, float]:
+        """The last log step's record with the final evaluation's metrics."""
+        return {**self.metrics, **(eval_metrics(self.evaluation) if self.evaluation else {})}
 
     @property
     def exit_code(self) -> int:
@@ -288,8 +294,6 @@ class Trainer:
             except (StopRequested, KeyboardInterrupt) as stop:
                 reason = stop.name if isinstance(stop, StopRequested) else "SIGINT"
                 print(f"\nraysim: {reason} during the final evaluation: it was not finished", flush=True)
-        if reason in FINISHED and self.reporter is not None:
-            self.reporter({**self.record, **(eval_metrics(report) if report else {})}, self.ready.saved)
         self.sinks_set.close()
         state = self.ready.state
         if reason not in FINISHED:
@@ -307,6 +311,7 @@ class Trainer:
             stopped,
             steps,
             reason,
+            self.ready.saved,
         )
 
     def stop_reason(self, state: RunState) -> str | None:

@@ -27,7 +27,7 @@ from raysim.coordinator.cluster import Need, connect, needs, refuse_impossible
 from raysim.coordinator.trainer import planned_iterations
 from raysim.storage import is_uri, open_storage
 from raysim.sweep.space import Param, check_params, config_with, parse_spec
-from raysim.sweep.trial import TRIALS, run_trial, trial_config
+from raysim.sweep.trial import TRIALS, run_trial, trial_config, trial_trainable
 
 SCHEDULERS = ("fifo", "asha", "pbt")
 MODES = ("max", "min")
@@ -128,7 +128,7 @@ def trainable_of(sweep: Sweep, config: Config) -> Any:
     from ray import tune
 
     bound = tune.with_parameters(run_trial, base=sweep.base, experiment=sweep.experiment, metric=sweep.metric)
-    return tune.with_resources(bound, tune.PlacementGroupFactory(trial_bundles(config)))
+    return tune.with_resources(trial_trainable(bound), tune.PlacementGroupFactory(trial_bundles(config)))
 
 
 def experiment_location(path: str | None, name: str) -> str:

@@ -8,12 +8,17 @@ checkpoint of that iteration (copied out as a self-contained directory, manifest
 hands such a checkpoint back to restore a trial (a retry, an experiment resumed, PBT's exploit), and
 the trial verifies it, saves it into its own run directory and resumes from it exactly. The trial's
 own config (a PBT mutation) wins: the learner sets its learning rate from the config at every update.
+
+A trial's run closes (metrics merged, actors released, lock given back) before Tune hears of its end:
+its final report comes after the run closed, and when Tune stops a trial (a scheduler, the experiment's
+end) the trial's actor waits for its run to close before it ends.
 """
 
 from __future__ import annotations
 
 import copy
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,13 +27,18 @@ from raysim.checkpoint import Checkpoint, Checkpoints, copy_files, load_director
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.coordinator.snapshot import resume_refusal
-from raysim.coordinator.trainer import ResumePoint, Trainer
+from raysim.coordinator.trainer import FINISHED, ResumePoint, Trainer
 from raysim.storage import RunLock, RunStorage, open_storage
 from raysim.storage.lock import stale
 from raysim.sweep.space import config_with
 
 TRIALS = "trials"  # the experiment's folder of raysim run directories
 HANDOVER_SECONDS = 180.0  # how long a trial restarted waits for its earlier attempt's process to end
+CLOSE_SECONDS = 120.0  # how long a trial's actor, stopped by Tune, waits for its run to close
+
+_stop_asked = threading.Event()  # Tune stopped this process's trial: its next report ends the run instead
+_run_closed = threading.Event()  # no trial function runs in this process (none started yet, or its run closed)
+_run_closed.set()
 
 
 def trial_config(base: dict, values: dict[str, Any], run_dir: str, metric: str) -> Config:
@@ -63,6 +73,8 @@ class TuneReport:
     def __call__(self, record: dict[str, float], checkpoint: Checkpoint | None) -> None:
         from ray import tune
 
+        if _stop_asked.is_set():  # as Tune's own report would: the trial's thread ends (the run closes on the way)
+            raise SystemExit(0)
         metrics = {k: float(v) for k, v in record.items() if isinstance(v, (int, float))}
         self.carried.update({k: v for k, v in metrics.items() if k.startswith("eval_")})
         metrics = {**self.carried, **metrics}
@@ -86,8 +98,40 @@ def wait_for_handover(lock: RunLock, timeout: float = HANDOVER_SECONDS) -> None:
         time.sleep(0.5)
 
 
+def trial_trainable(function: Any) -> type:
+    """``function`` (``run_trial`` with its parameters bound) as Tune's trainable class, whose stop waits (at
+    most ``CLOSE_SECONDS``) until the trial's run closed: Tune ends the actor once its stop returned."""
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    class Trial(wrap_function(function)):  # pickled by value: the events are reached through module functions
+        def cleanup(self) -> None:
+            ask_to_stop()
+            super().cleanup()  # releases a report in progress, which then ends the trial's thread
+            wait_until_closed()
+
+    return Trial
+
+
+def ask_to_stop() -> None:
+    """Tune stops this process's trial: its next report ends the run (as Tune's own report would)."""
+    _stop_asked.set()
+
+
+def wait_until_closed(timeout: float = CLOSE_SECONDS) -> None:
+    """Wait until this process's trial function returned, its run closed."""
+    _run_closed.wait(timeout)
+
+
 def run_trial(values: dict[str, Any], *, base: dict, experiment: str, metric: str) -> None:
     """Tune's function trainable: train the trial's run from scratch, or from the checkpoint Tune hands back."""
+    _run_closed.clear()
+    try:
+        _train_trial(values, base=base, experiment=experiment, metric=metric)
+    finally:
+        _run_closed.set()
+
+
+def _train_trial(values: dict[str, Any], *, base: dict, experiment: str, metric: str) -> None:
     from ray import tune
 
     run_dir = f"{experiment.rstrip('/')}/{TRIALS}/{tune.get_context().get_trial_id()}"
@@ -109,4 +153,6 @@ def run_trial(values: dict[str, Any], *, base: dict, experiment: str, metric: st
         saved = Checkpoints(storage).save(int(meta["iteration"]), state, meta)
         point = ResumePoint(saved, state, meta, new_config=True)
         trainer = Trainer(config, resume=point, reporter=reporter)
-    trainer.train()
+    summary = trainer.train()
+    if summary.stopped_by in FINISHED:  # after the run closed: Tune may end the trial's actor on this report
+        reporter(summary.final_metrics, summary.checkpoint)
