@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -16,6 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def setuptools_major() -> int:
+    return int(importlib.metadata.version("setuptools").split(".")[0])
+
+
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv holding only the raysim wheel; the dependencies come from this interpreter's site-packages."""
@@ -24,7 +29,7 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # pip would find raysim already importable and install nothing.
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(ROOT)]
-    if importlib.util.find_spec("setuptools") is not None:
+    if importlib.util.find_spec("setuptools") is not None and setuptools_major() >= 77:  # pyproject's build-system
         build.insert(4, "--no-build-isolation")
     subprocess.run(build, check=True, cwd=tmp, env=environ)
     wheels = list((tmp / "dist").glob("raysim-*.whl"))
