@@ -4,8 +4,8 @@ Metrics rows are written in parts (``metrics/part-<n>.parquet``, a new part per 
 file rewritten at each log step) and merged when the run ends; ``read_metrics`` reads them in order
 (a run from before parts, with one ``metrics.parquet``, too). A merged part is marked as the whole
 run (schema metadata): reading starts from the newest such part, so a merge cut between writing it
-and removing the parts it replaces (a process killed) reads every row once. Evaluation records are one file per
-evaluation, ``eval/<iteration>.parquet``.
+and removing the parts it replaces (a process killed) reads every row once. Evaluation records are
+one file per evaluation, ``eval/<iteration>.parquet``.
 """
 
 from __future__ import annotations
