@@ -16,7 +16,7 @@ import pytest
 
 from raysim.cli import main
 from raysim.storage import RunLock, open_storage
-from raysim.storage.lock import stale
+from raysim.sweep.trial import wait_for_handover
 from tests.support.ray_head import RayHead
 
 pytest.importorskip("ray.tune")
@@ -104,13 +104,6 @@ def files_of(run_dir: Path) -> dict[str, int]:
     return {str(p.relative_to(run_dir)): p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
 
 
-def settled(run_dir: Path) -> bool:
-    """No live process holds the run directory: its run closed, or the process that held it is gone."""
-    lock = RunLock(open_storage(run_dir))
-    holder = lock.holder()
-    return holder is None or stale(holder, lock.lease) is not None
-
-
 def metrics_rows(run_dir: Path) -> list[dict]:
     parts = sorted((run_dir / "metrics").glob("part-*.parquet"))
     return [row for part in parts for row in pq.read_table(part).to_pylist()]
@@ -142,9 +135,8 @@ def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(he
         driver.send_signal(signal.SIGKILL)
         driver.wait()
     assert 1 <= len(finished) < 4, (tmp_path / "driver.log").read_text()[-3000:]
-    deadline = time.monotonic() + 60  # a trial Tune stopped may still be closing its run when the driver dies
-    while not all(settled(experiment / "trials" / t) for t in finished) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    for trial in finished:  # a trial Tune stopped may still be closing its run when the driver dies
+        wait_for_handover(RunLock(open_storage(experiment / "trials" / trial)), timeout=60)
     before = {t: files_of(experiment / "trials" / t) for t in finished}
 
     done = subprocess.run(

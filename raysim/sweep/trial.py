@@ -103,23 +103,19 @@ def trial_trainable(function: Any) -> type:
     most ``CLOSE_SECONDS``) until the trial's run closed: Tune ends the actor once its stop returned."""
     from ray.tune.trainable.function_trainable import wrap_function
 
-    class Trial(wrap_function(function)):  # pickled by value: the events are reached through module functions
+    class Trial(wrap_function(function)):  # pickled by value: the events are reached through a module function
         def cleanup(self) -> None:
-            ask_to_stop()
-            super().cleanup()  # releases a report in progress, which then ends the trial's thread
-            wait_until_closed()
+            stop_and_wait(super().cleanup)
 
     return Trial
 
 
-def ask_to_stop() -> None:
-    """Tune stops this process's trial: its next report ends the run (as Tune's own report would)."""
+def stop_and_wait(release_report: Any) -> None:
+    """Tune stops this process's trial: its next report ends the run (as Tune's own report would);
+    ``release_report`` (Tune's cleanup) lets a report in progress return; then wait for the run to close."""
     _stop_asked.set()
-
-
-def wait_until_closed(timeout: float = CLOSE_SECONDS) -> None:
-    """Wait until this process's trial function returned, its run closed."""
-    _run_closed.wait(timeout)
+    release_report()
+    _run_closed.wait(CLOSE_SECONDS)
 
 
 def run_trial(values: dict[str, Any], *, base: dict, experiment: str, metric: str) -> None:
