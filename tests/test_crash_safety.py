@@ -341,6 +341,7 @@ def test_two_learner_ranks_save_every_ranks_state_and_resume_exactly(ray_session
         "eval.every=0",
         "eval.episodes=0",
         "train.total_steps=1536",
+        "train.log_every=2",  # stopped at 3: row 4 covers iterations 3 and 4 of both ranks
     ]
     Trainer(raysim.load_config(None, [*ranks, f"run_dir={tmp_path / 'a'}"])).train()
     Trainer(raysim.load_config(None, [*ranks, "train.stop_after=3", f"run_dir={tmp_path / 'b'}"])).train()
@@ -350,6 +351,7 @@ def test_two_learner_ranks_save_every_ranks_state_and_resume_exactly(ray_session
     Trainer.from_run_dir(tmp_path / "b").train()
     (_, a, _), (_, b, _) = newest(tmp_path / "a"), newest(tmp_path / "b")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert [row["iteration"] for row in rows(tmp_path / "b")] == [2, 4, 6]
     assert rows(tmp_path / "a") == rows(tmp_path / "b")
 
 
