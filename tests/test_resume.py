@@ -247,3 +247,12 @@ def test_a_checkpoint_saved_without_metric_windows_or_run_time_loads_with_empty_
     assert fresh.metrics()["episodes"] == 0  # an empty window: no iteration counted twice
     state = RunState.from_checkpoint({"iteration": 1, "env_steps": 64}, older)
     assert state.seconds == 0.0 and state.unlogged == {}
+
+
+def test_a_window_logged_at_a_runs_unplanned_last_iteration_is_not_saved_again(tmp_path):
+    # solved at iteration 2 (eval.stop_return 0), not a log step: the last iteration logs after its update
+    overrides = [*TINY, "train.log_every=3", "eval.every=2", "eval.stop_return=0", f"run_dir={tmp_path}"]
+    summary = raysim.Trainer(raysim.load_config(None, overrides)).train()
+    assert summary.stopped_by == "solved" and summary.iterations == 2 and summary.metrics["iteration"] == 2
+    _, state, _ = load_latest(tmp_path)
+    assert state["window"]["counts"] == {}  # a resume's first row will not count iterations 1 and 2 again
