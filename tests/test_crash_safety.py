@@ -20,6 +20,7 @@ from raysim.config import ConfigError
 from raysim.coordinator import Trainer
 from raysim.coordinator.trainer import RunFailed
 from raysim.records import read_metrics
+from raysim.rollout import EnvShard
 from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -275,6 +276,31 @@ def test_resuming_with_other_row_counts_starts_fresh_episodes_and_a_different_mo
         Trainer.from_run_dir(run_dir, "cartpole_grpo", overrides=["env.num_envs=8"])
 
 
+def test_resuming_with_another_shard_count_starts_fresh_episodes_in_every_shard_and_says_so(
+    tmp_path, capsys, monkeypatch
+):
+    starts = []  # (shard, fresh, first observations) of every chunk
+    rollout = EnvShard.rollout
+
+    def recording(shard, weights, plan):
+        chunk = rollout(shard, weights, plan)
+        starts.append((chunk.shard, chunk.fresh, chunk.obs["policy"][0].clone()))
+        return chunk
+
+    monkeypatch.setattr(EnvShard, "rollout", recording)
+    run_dir = tmp_path / "run"
+    Trainer(
+        raysim.load_config(None, [*TINY, "backend=local", "shards.count=1", "train.stop_after=2", f"run_dir={run_dir}"])
+    ).train()
+    begun = [obs for _, fresh, obs in starts if fresh]  # the episodes the run started from
+    del starts[:]
+    Trainer.from_run_dir(run_dir, overrides=["shards.count=2", "train.stop_after=1"]).train()
+    assert "shards continue with fresh episodes (1 shards saved, 2 now)" in capsys.readouterr().out
+    assert sorted(shard for shard, _, _ in starts) == [0, 1]
+    for shard, fresh, obs in starts:  # every shard starts new episodes, none the run already played
+        assert fresh and not any(torch.equal(obs, old) for old in begun), shard
+
+
 def test_a_second_process_on_the_same_run_directory_is_refused_naming_the_holder(tmp_path):
     run_dir = tmp_path / "run"
     Trainer(raysim.load_config(None, [*TINY, "backend=local", "train.stop_after=1", f"run_dir={run_dir}"])).train()
@@ -315,15 +341,17 @@ def test_two_learner_ranks_save_every_ranks_state_and_resume_exactly(ray_session
         "eval.every=0",
         "eval.episodes=0",
         "train.total_steps=1536",
+        "train.log_every=2",  # stopped at 3: row 4 covers iterations 3 and 4 of both ranks
     ]
     Trainer(raysim.load_config(None, [*ranks, f"run_dir={tmp_path / 'a'}"])).train()
     Trainer(raysim.load_config(None, [*ranks, "train.stop_after=3", f"run_dir={tmp_path / 'b'}"])).train()
     _, halfway, _ = newest(tmp_path / "b")
-    assert len(halfway["ranks"]) == 1 and set(halfway["ranks"][0]) == {"generator", "reward_scale"}
+    assert len(halfway["ranks"]) == 1 and set(halfway["ranks"][0]) == {"generator", "window", "reward_scale"}
     assert not torch.equal(halfway["ranks"][0]["generator"], halfway["generator"])  # rank 1's own
     Trainer.from_run_dir(tmp_path / "b").train()
     (_, a, _), (_, b, _) = newest(tmp_path / "a"), newest(tmp_path / "b")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert [row["iteration"] for row in rows(tmp_path / "b")] == [2, 4, 6]
     assert rows(tmp_path / "a") == rows(tmp_path / "b")
 
 

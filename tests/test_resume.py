@@ -14,8 +14,10 @@ import torch
 import raysim
 from raysim.checkpoint import load_checkpoint, load_latest
 from raysim.config import ConfigError
+from raysim.coordinator.run_state import RunState
 from raysim.envs import make
 from raysim.identity import env_identity
+from raysim.learner.learner import Learner
 from raysim.records import read_metrics
 from raysim.rollout.shard import EnvShard
 from raysim.storage import open_storage
@@ -216,3 +218,41 @@ def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_sa
     assert w0["version"] == w1["version"] == 2
     assert all(torch.equal(w0["actor"][k], w1["actor"][k]) for k in w0["actor"])
     assert state["version"] == 1
+
+
+def test_metric_rows_of_a_run_resumed_between_log_steps_equal_the_uninterrupted_runs(tmp_path):
+    # 9 iterations, rows at 3, 6 and 9; an evaluation at 5, between log steps, waits for row 6
+    overrides = [*TINY, "train.total_steps=1152", "train.log_every=3", "eval.every=5", "train.sinks=[parquet]"]
+    raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()
+    stopped = raysim.Trainer(raysim.load_config(None, [*overrides, "train.stop_after=5", f"run_dir={tmp_path / 'b'}"]))
+    assert stopped.train().iterations == 5  # stopped after an iteration that is not a log step
+    raysim.Trainer.from_run_dir(tmp_path / "b").train()
+    resumed = read_metrics(open_storage(tmp_path / "b"))
+    assert [row["iteration"] for row in resumed] == [3, 6, 9]
+    assert metrics(tmp_path / "b") == metrics(tmp_path / "a")  # row 6 covers iterations 4 to 6, with the evaluation
+    assert "eval_return" in metrics(tmp_path / "b")[1]
+    times = [row["time"] for row in resumed]
+    assert times == sorted(times)  # training seconds continue across the resume
+
+
+def test_a_checkpoint_saved_without_metric_windows_or_run_time_loads_with_empty_ones():
+    config = raysim.load_config(None, ["backend=local"])
+    shard = EnvShard("raysim/CartPole", 2, seed=0, model=config.model)
+    observation_spaces, action_space, _ = shard.spaces()
+    learner = Learner(observation_spaces, action_space, config.model, config.algo, horizon=1000)
+    learner.update(shard.rollout(learner.get_weights(), 32), log=False)
+    older = {k: v for k, v in learner.state_dict().items() if k != "window"}  # as saved before windows were kept
+    fresh = Learner(observation_spaces, action_space, config.model, config.algo, horizon=1000)
+    assert fresh.load_state(older) == 1
+    assert fresh.metrics()["episodes"] == 0  # an empty window: no iteration counted twice
+    state = RunState.from_checkpoint({"iteration": 1, "env_steps": 64}, older)
+    assert state.seconds == 0.0 and state.unlogged == {}
+
+
+def test_a_window_logged_at_a_runs_unplanned_last_iteration_is_not_saved_again(tmp_path):
+    # solved at iteration 2 (eval.stop_return 0), not a log step: the last iteration logs after its update
+    overrides = [*TINY, "train.log_every=3", "eval.every=2", "eval.stop_return=0", f"run_dir={tmp_path}"]
+    summary = raysim.Trainer(raysim.load_config(None, overrides)).train()
+    assert summary.stopped_by == "solved" and summary.iterations == 2 and summary.metrics["iteration"] == 2
+    _, state, _ = load_latest(tmp_path)
+    assert state["window"]["counts"] == {}  # a resume's first row will not count iterations 1 and 2 again

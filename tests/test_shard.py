@@ -7,7 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+import raysim
 from raysim.envs import CartPole, register
+from raysim.learner.learner import Learner
 from raysim.rollout import EnvShard, NonFiniteError, RolloutChunk
 
 
@@ -250,3 +252,19 @@ def test_on_nonfinite_must_be_raise_or_mask():
 def test_a_shard_with_a_bad_row_count_is_refused(num_envs):
     with pytest.raises(ValueError, match=rf"num_envs must be an integer >= 1, got {num_envs!r}"):
         EnvShard("raysim/CartPole", num_envs)
+
+
+def test_after_a_rewind_a_version_number_that_comes_round_again_acts_with_the_new_weights():
+    config = raysim.load_config(None, ["backend=local"])
+    shard = EnvShard("raysim/CartPole", 2, seed=0, model=config.model)
+    observation_spaces, action_space, _ = shard.spaces()
+    learner = Learner(observation_spaces, action_space, config.model, config.algo, horizon=1000)
+    timelines = [Learner(observation_spaces, action_space, config.model, config.algo, 1000, seed=s) for s in (1, 2)]
+    a, b = ({**other.state_dict(), "version": 5} for other in timelines)
+    learner.load_state(a)
+    shard.rollout(learner.get_weights(), 4)  # acts with version 5 of one timeline (A)
+    learner.load_state(b)  # a rewind to a checkpoint of another timeline, also at version 5 (B)
+    weights = learner.get_weights()
+    chunk = shard.rollout(weights, 4)
+    assert chunk.policy_version == 5
+    assert all(torch.equal(v, weights["actor"][k]) for k, v in shard.actor.state_dict().items())  # B, not A

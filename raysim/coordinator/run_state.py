@@ -7,7 +7,7 @@ it, and a restart or resume rebuilds it from a checkpoint (``from_checkpoint``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -25,18 +25,28 @@ class RunState:
     env_steps: int = 0
     version: int = 0  # the learner's policy version
     evaluation: Scored | None = None  # the last evaluation
+    seconds: float = 0.0  # the run's training seconds (every process's, evaluation excluded): the metrics' time
+    unlogged: dict[str, float] = field(default_factory=dict)  # evaluation metrics the next metrics row carries
 
-    def advanced(self, env_steps: int, version: int) -> RunState:
-        """The state after one more completed iteration that collected ``env_steps``."""
-        return replace(self, iteration=self.iteration + 1, env_steps=self.env_steps + env_steps, version=version)
+    def advanced(self, env_steps: int, version: int, seconds: float) -> RunState:
+        """The state after one more completed iteration that collected ``env_steps``, at ``seconds`` of training."""
+        return replace(
+            self, iteration=self.iteration + 1, env_steps=self.env_steps + env_steps, version=version, seconds=seconds
+        )
 
-    def scored(self, mean_return: float | None) -> RunState:
-        """The state with an evaluation of this iteration's weights."""
-        return replace(self, evaluation=Scored(self.iteration, mean_return))
+    def scored(self, mean_return: float | None, metrics: dict[str, float] | None = None) -> RunState:
+        """The state with an evaluation of this iteration's weights; its ``metrics`` wait for the next row."""
+        unlogged = {**self.unlogged, **(metrics or {})}
+        return replace(self, evaluation=Scored(self.iteration, mean_return), unlogged=unlogged)
+
+    def logged(self) -> RunState:
+        """The state once a metrics row carried its evaluation metrics."""
+        return replace(self, unlogged={})
 
     def meta(self) -> dict[str, Any]:
         """The counters a checkpoint's meta.json records."""
         meta: dict[str, Any] = {"iteration": self.iteration, "env_steps": self.env_steps, "version": self.version}
+        meta.update({"seconds": self.seconds, "unlogged": self.unlogged})
         if self.evaluation is not None:
             meta["eval_return"] = self.evaluation.mean_return
             meta["evaluated_iteration"] = self.evaluation.iteration
@@ -44,7 +54,9 @@ class RunState:
 
     @classmethod
     def from_checkpoint(cls, meta: dict[str, Any], state: dict[str, Any]) -> RunState:
+        """The state a checkpoint saved (one saved before ``seconds`` and ``unlogged`` were: 0 and none)."""
         evaluation = None
         if meta.get("eval_return") is not None:
             evaluation = Scored(int(meta.get("evaluated_iteration", meta["iteration"])), meta["eval_return"])
-        return cls(int(meta["iteration"]), int(meta["env_steps"]), int(state["version"]), evaluation)
+        counters = (int(meta["iteration"]), int(meta["env_steps"]), int(state["version"]))
+        return cls(*counters, evaluation, float(meta.get("seconds", 0.0)), dict(meta.get("unlogged", {})))

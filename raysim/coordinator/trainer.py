@@ -262,7 +262,6 @@ class Trainer:
         """Iterate until a stop rule, a signal or a failure; save; then the final evaluation."""
         self.weights = self.roles.learner.get_weights()
         self.clock, self.record, self.solved = PhaseClock(), {}, None
-        self.pending_eval: dict[str, float] = {}  # evaluation metrics waiting for the next log step
         self.last_save = time.monotonic()
         failure: BaseException | None = None
         if self.resume and self.budget_reached(self.ready.state):
@@ -367,20 +366,22 @@ class Trainer:
         result["policy_lag"] = before.version - min(batch.versions)  # the oldest weights trained on
         self._fault("update", iteration)
         clock.iterations += 1
-        state = before.advanced(int(result["env_steps"]), int(result["policy_version"]))
+        seconds = self.first.seconds + clock.training_seconds()  # the run's, continued across processes
+        state = before.advanced(int(result["env_steps"]), int(result["policy_version"]), seconds)
         report = None
         if eval_due(cfg, state.iteration, before.env_steps, state.env_steps) and not self.budget_reached(state):
             with clock.phase("time_eval"):  # the final evaluation comes after the final save
                 report = self._evaluate(state.iteration)
-            state = state.scored(report.mean_return)
+            state = state.scored(report.mean_return, eval_metrics(report))  # metrics for the next row
             target = cfg.eval.stop_return
             if target is not None and report.mean_return is not None and report.mean_return >= target:
                 self.solved = report
-        if not log and (self.solved is not None or self.budget_reached(state) or self._stop_after_reached(state)):
-            log = True  # the last iteration always logs
+        if not log and (self.solved is not None or self.budget_reached(state)):
+            log = True  # the run's last iteration always logs (a stopped one leaves its window to the resume)
             result.update(roles.learner.metrics())
         if log:
             self._log(state, result)
+            state = state.logged()
         self.ready = Ready(state, roles.learner.snapshots, list(self.collector.states))  # iteration complete
         if report is not None or (self._save_due() and self.stop_reason(state) is None):
             with clock.phase("time_checkpoint"), self.signals.deferred():  # an evaluated iteration is saved
@@ -391,12 +392,11 @@ class Trainer:
             self.reporter(self.record, self.ready.saved)
 
     def _log_due(self, iteration: int) -> bool:
-        """A log step every ``train.log_every`` iterations, and at the last iteration where it is known ahead."""
-        cfg = self.config
-        last = self.first.iteration + cfg.train.stop_after if cfg.train.stop_after is not None else None
-        if self.fixed_batches:
-            last = self.planned if last is None else min(self.planned, last)
-        return iteration % cfg.train.log_every == 0 or iteration == last
+        """A log step every ``train.log_every`` iterations, and at the run's last iteration where it is known
+        ahead. A process stopped earlier (``train.stop_after``, a signal) writes no row of its own: its
+        metric windows are saved, and the resumed run's rows are the uninterrupted run's."""
+        last = self.planned if self.fixed_batches else None
+        return iteration % self.config.train.log_every == 0 or iteration == last
 
     def _save_due(self) -> bool:
         """Every ``checkpoint.every`` iterations and every ``checkpoint.every_seconds`` of wall time."""
@@ -406,21 +406,22 @@ class Trainer:
         return by_iterations or by_time
 
     def _log(self, state: RunState, result: dict[str, float]) -> None:
-        """One record to every sink: the learner's metrics, the pending evaluation, counters and timings."""
+        """One record to every sink: the learner's metrics, the evaluations since the last row, counters and
+        timings (``time``: the run's training seconds, continued across resumes)."""
         elapsed = self.clock.training_seconds()
         record = {k: v for k, v in result.items() if k != "env_steps"}
-        record.update(self.pending_eval)
+        record.update(state.unlogged)
         record.update(self.clock.per_iteration())
         record.update(
             {
                 "iteration": state.iteration,
                 "env_steps": state.env_steps,
-                "time": elapsed,
+                "time": state.seconds,
                 "steps_per_s": (state.env_steps - self.first.env_steps) / max(elapsed, 1e-9),
             }
         )
         self.sinks_set.write(record)
-        self.record, self.pending_eval = record, {}
+        self.record = record
 
     # -- saving and evaluating -------------------------------------------------------------------
 
@@ -498,7 +499,6 @@ class Trainer:
             EvalSpec.of(cfg.eval, roles.max_episode_steps),
         )
         write_evaluation(self.storage, iteration, report.records)
-        self.pending_eval = eval_metrics(report)
         return report
 
     def _final_evaluation(self) -> EvalReport:
@@ -540,7 +540,8 @@ class Trainer:
         return Ready(state, loaded=point.state, saved=point.checkpoint)
 
     def _load_roles(self, state: dict[str, Any]) -> str:
-        """Every learner rank and every shard from a checkpoint's state; how the shards continue."""
+        """Every learner rank and every shard from a checkpoint's state; how the shards continue (another shard
+        count: every shard starts fresh episodes, keyed by the policy version the run continues from)."""
         roles = self.roles
         roles.learner.load_state(state)
         saved = state.get("shards") or []
@@ -548,6 +549,7 @@ class Trainer:
             calls = [s.call(EnvShard.set_state, state) for s, state in zip(roles.shards, saved, strict=True)]
             modes = self.backend.get(calls)
             return "exactly" if all(m == "exact" for m in modes) else "; ".join(sorted(set(modes)))
+        self.backend.get([s.call(EnvShard.start_fresh, int(state["version"])) for s in roles.shards])
         return f"with fresh episodes ({len(saved or [])} shards saved, {len(roles.shards)} now)"
 
     def _restart_learner(self, error: Exception) -> None:

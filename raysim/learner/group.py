@@ -67,8 +67,11 @@ class LearnerGroup:
         return {**results[0], **summed}
 
     def metrics(self) -> dict[str, float]:
-        """The metrics since the last log step, reduced across the ranks (one collective)."""
-        return self.backend.get([h.call(Learner.metrics) for h in self.handles])[0]
+        """The metrics since the last log step, reduced across the ranks (one collective). The ranks' windows
+        are empty then: their snapshots are taken again, so a checkpoint never carries a window twice."""
+        metrics = self.backend.get([h.call(Learner.metrics) for h in self.handles])[0]
+        self.snapshots = [h.call(Learner.snapshot) for h in self.handles]
+        return metrics
 
     def alive(self) -> bool:
         """Whether every rank's process still answers."""

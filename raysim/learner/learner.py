@@ -14,6 +14,7 @@ state comes in and goes out as plain data (the coordinator owns run storage).
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import gymnasium as gym
@@ -75,6 +76,7 @@ class Learner:
         self.generator = torch.Generator()
         self.generator.manual_seed(derive_seed(seed, 4, rank))
         self.version = 0
+        self.timeline = new_timeline()  # with the version, names the weights: a rewind makes versions come again
         self.window = MetricWindow()  # metrics since the last log step, tensors on the device
 
     # -- the rank group ------------------------------------------------------------------------
@@ -94,24 +96,33 @@ class Learner:
         return self.version
 
     def get_weights(self) -> dict[str, Any]:
-        """The actor's weights for the shards: ``{"version": v, "actor": state_dict on CPU}``."""
+        """The actor's weights for the shards: ``{"version": v, "timeline": t, "actor": state_dict on CPU}``.
+
+        ``timeline`` changes whenever a state is loaded (a resume, a restart, a rewind to an older
+        checkpoint), so the same version number from another timeline is never taken for these weights.
+        """
         actor = {k: v.detach().to("cpu", copy=True) for k, v in self.model.actor.state_dict().items()}
-        return {"version": self.version, "actor": actor}
+        return {"version": self.version, "timeline": self.timeline, "actor": actor}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue training: model, optimizer, RNG, version, the algorithm's (the
-        schedule follows the run's env steps)."""
+        schedule follows the run's env steps), the metric window since the last log step."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "version": self.version,
+            "window": self.window.state_dict(),
             **self.algorithm.state_dict(),
         }
 
     def rank_state(self) -> dict[str, Any]:
-        """What this rank holds alone (its sampling generator, the algorithm's per-rank state)."""
-        return {"generator": self.generator.get_state(), **self.algorithm.state_dict()}
+        """What this rank holds alone (its sampling generator, its metric window, the algorithm's per-rank state)."""
+        return {
+            "generator": self.generator.get_state(),
+            "window": self.window.state_dict(),
+            **self.algorithm.state_dict(),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         """A copy on the CPU of what a checkpoint keeps of this rank: rank 0 its ``state_dict``, the others
@@ -129,7 +140,8 @@ class Learner:
         """Restore a checkpoint's learner state on every rank (errors agreed on); returns the policy version.
 
         ``state`` is rank 0's ``state_dict`` with ``ranks``: the other ranks' ``rank_state``; a rank the
-        checkpoint has no part for keeps its own generator (a run resumed with more ranks).
+        checkpoint has no part for keeps its own generator and window (a run resumed with more ranks); a
+        checkpoint without windows (saved before they were kept) starts empty ones.
         """
         error = None
         rank, parts = self.ranks.rank, state.get("ranks") or []
@@ -139,7 +151,8 @@ class Learner:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.generator.set_state(state["generator"])
-            self.version = int(state["version"])
+            self.version, self.timeline = int(state["version"]), new_timeline()
+            self.window = MetricWindow.from_state(state.get("window"), self.device)
             self.algorithm.load_state_dict(state)
         except Exception as caught:  # noqa: BLE001 - every failure is agreed on, then raised
             error = caught
@@ -225,6 +238,11 @@ class Learner:
         sums = dict(zip(names.sums, values[len(names.means) :], strict=False))
         result.update(episode_stats(sums, values[-2], values[-1]))
         return result
+
+
+def new_timeline() -> str:
+    """A name for the weights a learner continues from (random: processes and restarts never share one)."""
+    return secrets.token_hex(8)
 
 
 def cpu_copy(value: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,6 +51,22 @@ class MetricWindow:
             self.sums[name] = self.sums[name] + value if name in self.sums else value
         self.low = torch.minimum(self.low, extremes[0])
         self.high = torch.maximum(self.high, extremes[1])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The window as plain data (tensors, ints) for a checkpoint: a resumed run's next row covers it too."""
+        return {"totals": self.totals, "counts": self.counts, "sums": self.sums, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None, device: torch.device) -> MetricWindow:
+        """A window from ``state_dict`` (the update metrics on ``device``, the episode sums on the CPU, where
+        ``add`` keeps them); none (a checkpoint older than saved windows): an empty one."""
+        window = cls()
+        if state:
+            window.totals = {k: v.to(device) for k, v in state["totals"].items()}
+            window.counts = dict(state["counts"])
+            window.sums = dict(state["sums"])
+            window.low, window.high = state["low"], state["high"]
+        return window
 
     def vector(self, device: torch.device) -> tuple[MetricNames, torch.Tensor]:
         """``[means..., sums..., min return, max return]`` stacked on ``device``."""

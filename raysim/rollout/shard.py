@@ -76,6 +76,7 @@ class EnvShard:
         self.generator.manual_seed(derive_seed(seed, 1))
         self.obs = self.env.reset(seed)
         self.version = -1
+        self.timeline: str | None = None  # the loaded weights' timeline (``Learner.get_weights``): with the version
         self.steps_done = 0  # training env steps taken by this shard, across chunks
         self.resets = 0  # restarts of rows after a non-finite value (part of their reset seeds)
         self.group_rounds = 0  # GRPO rounds played (part of the group reset seeds)
@@ -150,11 +151,22 @@ class EnvShard:
         self.fresh = False
         return "exact"
 
+    def start_fresh(self, key: int) -> None:
+        """Start new episodes in every row, as a replacement shard does: the rows reset and the sampling
+        generator reseeded from ``key`` (where the run continues), none an episode this shard's seed began."""
+        self.generator.manual_seed(derive_seed(self.seed, 1, key))
+        self.obs = self.env.reset(derive_seed(self.seed, 6, key))
+        self.fresh = True
+
     def set_weights(self, weights: dict) -> None:
-        """Load the actor weights ``{"version": v, "actor": state_dict}`` unless already loaded."""
-        if weights["version"] != self.version:
+        """Load the actor weights ``{"version": v, "timeline": t, "actor": state_dict}`` unless already loaded.
+
+        Weights are known by (timeline, version): after a rewind to an older checkpoint a version number comes
+        round again with other weights (``timeline`` is optional: None for weights that name no timeline).
+        """
+        if (weights.get("timeline"), weights["version"]) != (self.timeline, self.version):
             self.actor.load_state_dict(weights["actor"])
-            self.version = weights["version"]
+            self.version, self.timeline = weights["version"], weights.get("timeline")
 
     # -- the one acting loop ------------------------------------------------------------------
 
