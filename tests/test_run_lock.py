@@ -22,6 +22,7 @@ import pytest
 
 from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
 from raysim.sweep.trial import start_over
+from tests.support.lock_race import race
 from tests.support.ray_head import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,25 +83,14 @@ def test_a_lock_on_this_host_whose_lease_expired_is_stale_though_its_process_run
     lock.release()
 
 
-def _race(location: str, start, results, done) -> None:
-    lock = RunLock(open_storage(location))
-    start.wait()
-    try:
-        lock.acquire()
-        results.put("won")
-        done.wait(60)  # a winner holds the lock until every racer has tried
-        lock.release()
-    except RunLockedError:
-        results.put("refused")
-
-
-def race_to_break(location: str, write_stale, racers: int = 4, rounds: int = 4) -> None:
+def race_to_break(location: str, write_stale, env: dict, racers: int = 4, rounds: int = 4) -> None:
     """``racers`` processes at once take over the stale lock ``write_stale`` left: exactly one wins, each round."""
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")  # racers forked from a process without this one's threads
+    context.set_forkserver_preload(["tests.support.lock_race"])
     for _ in range(rounds):
         write_stale()
         start, done, results = context.Barrier(racers), context.Event(), context.Queue()
-        workers = [context.Process(target=_race, args=(location, start, results, done)) for _ in range(racers)]
+        workers = [context.Process(target=race, args=(location, env, start, results, done)) for _ in range(racers)]
         for worker in workers:
             worker.start()
         outcomes = sorted(results.get(timeout=120) for _ in workers)
@@ -118,7 +108,7 @@ def test_processes_racing_to_break_one_stale_lock_have_exactly_one_winner(tmp_pa
     def write_stale():
         LocalStorage(tmp_path).write("lock.json", json.dumps(dead).encode())
 
-    race_to_break(str(tmp_path), write_stale, racers=6, rounds=25)
+    race_to_break(str(tmp_path), write_stale, {}, racers=6, rounds=15)
 
 
 HOLDER = """
@@ -159,6 +149,45 @@ def take_over_a_live_holder(location: str, env: dict | None = None) -> None:
 
 def test_a_holder_whose_lock_was_taken_over_stops_with_a_clear_message(tmp_path):
     take_over_a_live_holder(str(tmp_path))
+
+
+TRAIN = """
+import sys
+from raysim.cli import main
+from raysim.storage import RunLock
+RunLock.__init__.__defaults__ = (1.0,)  # the trainer's lock: a lease of 1 s, renewed every 0.25 s
+sys.exit(main(sys.argv[1:]))
+"""
+TINY = ["env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=1", "eval.every=0"]
+
+
+def test_a_training_run_whose_lock_was_taken_over_stops_without_saving_or_a_resume_hint(tmp_path):
+    run_dir = tmp_path / "run"
+    sets = [i for o in [*TINY, "train.total_steps=100000000", "checkpoint.every=1", "train.sinks=[parquet]"]
+            for i in ("--set", o)]  # fmt: skip
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAIN, "train", "--local", "--run-dir", str(run_dir), *sets],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while len(LocalStorage(run_dir).list("checkpoints")) < 2 and trainer.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint after 180 s"
+            time.sleep(0.2)
+        lock = RunLock(LocalStorage(run_dir))
+        assert "forced" in lock.acquire(force=True)  # raysim resume --break-lock, elsewhere
+        out, err = trainer.communicate(timeout=120)
+        assert trainer.returncode == 1, out[-2000:] + err[-2000:]
+        assert err.strip().splitlines() == [
+            f"raysim: error: run directory {run_dir} was taken over by process {os.getpid()} on host {HOST!r}: "
+            "this process lost its lock and stops now, writing nothing more"
+        ], err
+        assert "resume" not in out, out[-2000:]  # not the signal or failure path: nothing saved, no hint
+        assert lock.holder()["token"] == lock.token
+        lock.release()
+    finally:
+        trainer.kill()
+        trainer.wait()
 
 
 def test_a_restarted_trial_never_deletes_a_run_directory_a_live_process_holds(tmp_path):
@@ -237,7 +266,7 @@ def test_on_s3_processes_racing_to_break_one_stale_lock_have_exactly_one_winner(
         open_storage(uri).write("lock.json", elsewhere(lease_seconds=1))
         time.sleep(2.5)  # its lease of 1 s has expired by the server's clock (whole seconds)
 
-    race_to_break(uri, write_stale, rounds=3)
+    race_to_break(uri, write_stale, s3, rounds=3)
 
 
 def test_on_s3_a_lease_is_judged_by_the_servers_clock_not_the_holders(s3):
