@@ -93,12 +93,12 @@ class RunLock:
             elif record(observed).get("token") == self.token:  # a renewal whose answer was lost
                 version = self.file.replace(self._content(), observed.version)
             if version is None:
-                self._lost()
+                self._lost(observed or self.file.read())
         self._version = version
 
-    def _lost(self) -> None:
+    def _lost(self, observed: Observed | None) -> None:
         """Another process took the run over: stop at once, writing nothing more (no checkpoint, no sink)."""
-        holder = self.holder() or {}
+        holder = record(observed) if observed is not None else {}
         sys.stdout.flush()
         print(
             f"raysim: error: run directory {self.storage.path()} was taken over by process {holder.get('pid')} on "
