@@ -304,7 +304,7 @@ def test_resuming_with_another_shard_count_starts_fresh_episodes_in_every_shard_
 def test_a_second_process_on_the_same_run_directory_is_refused_naming_the_holder(tmp_path):
     run_dir = tmp_path / "run"
     Trainer(raysim.load_config(None, [*TINY, "backend=local", "train.stop_after=1", f"run_dir={run_dir}"])).train()
-    holder = RunLock(LocalStorage(run_dir))
+    holder = RunLock(LocalStorage(run_dir), lease=3600)  # not renewed (finding it taken over) during the test
     holder.acquire()
     try:
         with pytest.raises(RunLockedError, match=rf"in use by process {os.getpid()} on host '{os.uname().nodename}'"):
@@ -322,11 +322,12 @@ def test_a_lock_left_by_a_dead_process_or_an_expired_lease_elsewhere_is_broken(t
     lock = RunLock(storage)
     assert "no longer exists" in lock.acquire()
     lock.release()
-    far = {"host": "another-host", "pid": 1, "renewed": 0.0, "lease_seconds": 120}
+    far = {"host": "another-host", "pid": 1, "lease_seconds": 120}
     storage.write("lock.json", json.dumps(far).encode())
+    os.utime(tmp_path / "lock.json", (1.0, 1.0))  # last renewed long ago, by the filesystem's clock
     assert "lease expired" in (lock := RunLock(storage)).acquire()
     lock.release()
-    storage.write("lock.json", json.dumps({**far, "renewed": 1e12}).encode())  # a live lease elsewhere
+    storage.write("lock.json", json.dumps(far).encode())  # a live lease elsewhere: renewed just now
     with pytest.raises(RunLockedError, match="in use by process 1 on host 'another-host'"):
         RunLock(storage).acquire()
 

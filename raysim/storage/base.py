@@ -27,6 +27,11 @@ class StorageError(RuntimeError):
     """A run file that cannot be read or written: the message names it and says why."""
 
 
+class RunLockedError(StorageError):
+    """The run directory cannot be locked by this process: another process holds it (the message names it), or
+    locking it needs a package that is not installed (the message says which extra)."""
+
+
 class Staging:
     """The files of one directory, written so that the directory appears whole (``commit``) or not at all."""
 

@@ -70,6 +70,11 @@ class FsStorage(RunStorage):
 
         return self._info(rel).type == fs.FileType.Directory
 
+    def modified(self, rel: str) -> float | None:
+        """When ``rel`` was last written, in seconds since the epoch by the filesystem's clock (None: unknown)."""
+        mtime = self._info(rel).mtime
+        return None if mtime is None else mtime.timestamp()
+
     def list(self, rel: str) -> list[str]:
         from pyarrow import fs
 

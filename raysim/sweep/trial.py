@@ -137,8 +137,7 @@ def _train_trial(values: dict[str, Any], *, base: dict, experiment: str, metric:
     reporter = TuneReport(storage, metric)
     handed = tune.get_checkpoint()
     if handed is None:
-        for name in storage.list(""):  # a trial started again from scratch: its earlier attempt goes
-            storage.remove(name)
+        start_over(storage)
         trainer = Trainer(config, reporter=reporter)
     else:
         with handed.as_directory() as folder:
@@ -152,3 +151,18 @@ def _train_trial(values: dict[str, Any], *, base: dict, experiment: str, metric:
     summary = trainer.train()
     if summary.stopped_by in FINISHED:  # after the run closed: Tune may end the trial's actor on this report
         reporter(summary.final_metrics, summary.checkpoint)
+
+
+def start_over(storage: RunStorage) -> None:
+    """A trial started again from scratch: its earlier attempt's files go, under the run's lock (never while a
+    live process holds it: ``RunLockedError``)."""
+    lock = RunLock(storage)
+    note = lock.acquire()
+    if note:
+        print(f"raysim: {storage.path()}: {note}", flush=True)
+    try:
+        for name in storage.list(""):
+            if name != RunLock.FILE:
+                storage.remove(name)
+    finally:
+        lock.release()

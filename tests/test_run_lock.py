@@ -1,0 +1,292 @@
+"""The run lock (``lock.json``): one process trains a run directory, a gone holder's lock is broken, and
+breaking it is atomic.
+
+On the same host a holder is gone when its pid no longer runs the process that took the lock (a pid is
+reused after a restart) or its lease expired; elsewhere when its lease expired, by the storage's clock (on
+S3 the server's ``LastModified``). Of processes racing to break one stale lock exactly one wins; a holder
+whose lock was taken over stops at its next renewal, saying so. S3 runs on moto's server on localhost.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
+from raysim.sweep.trial import start_over
+from tests.support.lock_race import race
+from tests.support.ray_head import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = socket.gethostname()
+
+
+def proc(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def start_ticks(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+
+
+def this_machine(pid: int, started: int) -> dict:
+    """A lock record of process ``pid`` on this host, as this host's processes see it."""
+    return {
+        "host": HOST,
+        "boot_id": proc("/proc/sys/kernel/random/boot_id"),
+        "pid_namespace": os.readlink("/proc/self/ns/pid"),
+        "pid": pid,
+        "started": started,
+        "token": "someone-else",
+        "since": time.time(),
+        "renewed": time.time(),
+        "lease_seconds": 120,
+    }
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+
+
+@needs_proc
+@pytest.mark.parametrize("pid", [os.getpid(), 1], ids=["this-pid", "pid-1"])
+def test_a_lock_whose_pid_now_runs_another_process_is_stale(tmp_path, pid):
+    storage = LocalStorage(tmp_path)
+    storage.write("lock.json", json.dumps(this_machine(pid, start_ticks(pid) + 7)).encode())  # started later
+    lock = RunLock(storage)
+    note = lock.acquire()
+    lock.release()
+    assert f"process {pid}" in note and "reused" in note
+
+
+@needs_proc
+def test_a_lock_on_this_host_whose_lease_expired_is_stale_though_its_process_runs(tmp_path):
+    storage = LocalStorage(tmp_path)
+    storage.write("lock.json", json.dumps(this_machine(os.getpid(), start_ticks(os.getpid()))).encode())
+    with pytest.raises(RunLockedError, match=f"in use by process {os.getpid()}"):  # its process runs, its lease holds
+        RunLock(storage).acquire()
+    long_ago = time.time() - 1000
+    os.utime(tmp_path / "lock.json", (long_ago, long_ago))  # not renewed for 1000 s (a stopped process)
+    lock = RunLock(storage)
+    assert "lease expired" in lock.acquire()
+    lock.release()
+
+
+def race_to_break(location: str, write_stale, env: dict, racers: int = 4, rounds: int = 4) -> None:
+    """``racers`` processes at once take over the stale lock ``write_stale`` left: exactly one wins, each round."""
+    context = multiprocessing.get_context("forkserver")  # racers forked from a process without this one's threads
+    context.set_forkserver_preload(["tests.support.lock_race"])
+    for _ in range(rounds):
+        write_stale()
+        start, done, results = context.Barrier(racers), context.Event(), context.Queue()
+        workers = [context.Process(target=race, args=(location, env, start, results, done)) for _ in range(racers)]
+        for worker in workers:
+            worker.start()
+        outcomes = sorted(results.get(timeout=120) for _ in workers)
+        done.set()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert outcomes == ["refused"] * (racers - 1) + ["won"]
+        assert not open_storage(location).exists("lock.json")  # the winner gave it back
+
+
+def test_processes_racing_to_break_one_stale_lock_have_exactly_one_winner(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {"host": HOST, "pid": int(gone.stdout), "token": "dead"}
+
+    def write_stale():
+        LocalStorage(tmp_path).write("lock.json", json.dumps(dead).encode())
+
+    race_to_break(str(tmp_path), write_stale, {}, racers=6, rounds=15)
+
+
+HOLDER = """
+import sys, time
+from raysim.storage import RunLock, open_storage
+storage = open_storage(sys.argv[1])
+lock = RunLock(storage, lease=float(sys.argv[2]))
+lock.acquire()
+print("held", flush=True)
+for step in range(3000):  # a run writing into its directory until the lock is taken over
+    storage.write("progress", str(step).encode())
+    time.sleep(0.02)
+"""
+
+
+def take_over_a_live_holder(location: str, env: dict | None = None) -> None:
+    """A holder renewing every 0.25 s; another process breaks its lock (``--break-lock``): the holder stops at
+    its next renewal, says who took the run over, exits 1, and leaves the new holder's lock alone."""
+    environ = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, location, "1.0"], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n", holder.stderr.read()
+        lock = RunLock(open_storage(location))
+        assert "forced" in lock.acquire(force=True)
+        _, err = holder.communicate(timeout=90)
+        assert holder.returncode == 1, err
+        assert f"taken over by process {os.getpid()} on host {HOST!r}" in err and "stops now" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert lock.holder()["token"] == lock.token  # the stopped holder wrote nothing more
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_holder_whose_lock_was_taken_over_stops_with_a_clear_message(tmp_path):
+    take_over_a_live_holder(str(tmp_path))
+
+
+TRAIN = """
+import sys
+from raysim.cli import main
+from raysim.storage import RunLock
+RunLock.__init__.__defaults__ = (1.0,)  # the trainer's lock: a lease of 1 s, renewed every 0.25 s
+sys.exit(main(sys.argv[1:]))
+"""
+TINY = ["env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=1", "eval.every=0"]
+
+
+def test_a_training_run_whose_lock_was_taken_over_stops_without_saving_or_a_resume_hint(tmp_path):
+    run_dir = tmp_path / "run"
+    sets = [i for o in [*TINY, "train.total_steps=100000000", "checkpoint.every=1", "train.sinks=[parquet]"]
+            for i in ("--set", o)]  # fmt: skip
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAIN, "train", "--local", "--run-dir", str(run_dir), *sets],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while len(LocalStorage(run_dir).list("checkpoints")) < 2 and trainer.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint after 180 s"
+            time.sleep(0.2)
+        lock = RunLock(LocalStorage(run_dir))
+        assert "forced" in lock.acquire(force=True)  # raysim resume --break-lock, elsewhere
+        out, err = trainer.communicate(timeout=120)
+        assert trainer.returncode == 1, out[-2000:] + err[-2000:]
+        assert err.strip().splitlines() == [
+            f"raysim: error: run directory {run_dir} was taken over by process {os.getpid()} on host {HOST!r}: "
+            "this process lost its lock and stops now, writing nothing more"
+        ], err
+        assert "resume" not in out, out[-2000:]  # not the signal or failure path: nothing saved, no hint
+        assert lock.holder()["token"] == lock.token
+        lock.release()
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def test_a_restarted_trial_never_deletes_a_run_directory_a_live_process_holds(tmp_path):
+    storage = LocalStorage(tmp_path)
+    storage.write("checkpoints/4/state.pt", b"weights")
+    holder = RunLock(storage)
+    holder.acquire()
+    try:
+        with pytest.raises(RunLockedError, match=f"in use by process {os.getpid()}"):
+            start_over(storage)
+        assert storage.exists("checkpoints/4/state.pt") and holder.holder()["token"] == holder.token
+    finally:
+        holder.release()
+    start_over(storage)  # nobody holds it: the earlier attempt's files go
+    assert storage.list("") == []
+
+
+# -- S3 -------------------------------------------------------------------------------------------------
+
+SERVE_ONE_AT_A_TIME = """
+import sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+run_simple("127.0.0.1", int(sys.argv[1]), DomainDispatcherApplication(create_backend_app), threaded=False,
+           request_handler=MotoRequestHandler)
+"""
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on localhost, serving one request at a time (S3's conditional writes are atomic; moto's
+    threaded server checks the condition and writes in two steps); a bucket; the variables every client needs."""
+    pytest.importorskip("moto", reason="moto[server] is in the test extra: pip install -e '.[test]'")
+    boto3 = pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVE_ONE_AT_A_TIME, str(port)], stderr=subprocess.DEVNULL)
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        boto3.client("s3").create_bucket(Bucket="raysim-lock")
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def elsewhere(**fields) -> bytes:
+    return json.dumps({"host": "another-host", "pid": 1, "token": "elsewhere", "lease_seconds": 120, **fields}).encode()
+
+
+def test_on_s3_processes_racing_to_break_one_stale_lock_have_exactly_one_winner(s3):
+    uri = "s3://raysim-lock/runs/race"
+
+    def write_stale():
+        open_storage(uri).write("lock.json", elsewhere(lease_seconds=1))
+        time.sleep(2.5)  # its lease of 1 s has expired by the server's clock (whole seconds)
+
+    race_to_break(uri, write_stale, s3, rounds=3)
+
+
+def test_on_s3_a_lease_is_judged_by_the_servers_clock_not_the_holders(s3):
+    storage = open_storage("s3://raysim-lock/runs/clock")
+    storage.write("lock.json", elsewhere(renewed=0.0))  # the holder's clock is decades behind; renewed just now
+    with pytest.raises(RunLockedError, match="in use by process 1 on host 'another-host'"):
+        RunLock(storage).acquire()
+    storage.write("lock.json", elsewhere(renewed=1e12, lease_seconds=1))  # the holder's clock is far ahead
+    time.sleep(2.5)  # but the server last saw it renewed more than its lease ago
+    lock = RunLock(storage)
+    assert "lease expired" in lock.acquire()
+    lock.release()
+    assert not storage.exists("lock.json")
+
+
+def test_on_s3_a_holder_whose_lock_was_taken_over_stops_with_a_clear_message(s3):
+    take_over_a_live_holder("s3://raysim-lock/runs/holder", s3)
+
+
+def test_on_s3_locking_without_boto3_says_which_extra_to_install(s3, monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
+    with pytest.raises(RunLockedError, match=r'pip install "raysim\[s3\]"'):
+        RunLock(open_storage("s3://raysim-lock/runs/no-boto3"))
