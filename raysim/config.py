@@ -139,7 +139,9 @@ class EvalConfig:
         0.95, help="level of the Wilson intervals", low=0, high=1, open_low=True, open_high=True
     )
     max_steps: int | None = setting(
-        None, help="batched steps per shard (default: every quota at the episode limit)", low=1
+        None,
+        help="steps an episode may take, then it is cut and not completed (default: the episode limit, or 1000)",
+        low=1,
     )
 
 
