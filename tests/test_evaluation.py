@@ -274,3 +274,15 @@ def test_raysim_eval_on_another_layout_reports_what_the_evaluation_during_traini
 
     (in_training,) = (run_dir / "eval").glob("*.parquet")
     assert scored(pq.read_table(tmp_path / "e.parquet").to_pylist()) == scored(pq.read_table(in_training).to_pylist())
+
+
+def test_an_env_that_cannot_reset_one_row_is_evaluated_with_per_row_keys():
+    native = {"vectorize": "native", "max_episode_steps": 60}  # Gymnasium's CartPoleVectorEnv
+    spec = EvalSpec(episodes=10, seed=4, max_steps=500)
+    report = run_local("gym:CartPole-v1", [4], spec, native)
+    assert report.completed == 10 and sorted(by_episode(report)) == list(range(10))
+    assert all(r["seed"] is None for r in report.records)  # no episode has a seed of its own
+    assert report == run_local("gym:CartPole-v1", [4], spec, native)  # reproducible on its layout
+
+    cut = run_local("gym:CartPole-v1", [4], dataclasses.replace(spec, max_steps=25), native)
+    assert 0 < cut.completed < 10 and all(r["length"] <= 25 for r in cut.records)

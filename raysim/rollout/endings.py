@@ -29,7 +29,7 @@ import torch
 from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.models import Actor
 from raysim.rollout.chunk import RolloutChunk
-from raysim.seeding import EVAL_ACTION_NOISE, EVAL_EPISODE, derive_seed
+from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_seed
 
 
 @dataclass(frozen=True)
@@ -376,6 +376,12 @@ class EvalEnding(Ending):
     played it and the batched ``step`` it finished at; ``report`` is the env-owned episode report as
     the env gave it. An episode with a non-finite value (``on_nonfinite: mask``) is not counted:
     ``excluded`` counts it. A row that played its quota idles (its episodes are ignored).
+
+    An env that cannot reset single rows (``BatchedEnv.resets_rows`` False: a Gymnasium vector env
+    vectorized ``native``) keeps per-row keys: the shard's rows start from one batch seed,
+    ``derive_seed(seed, EVAL_BATCH, row_offset)``, and play the episodes the env's own resets give
+    them (``seed`` None in their records), so they depend on the layout; a cut episode is discarded
+    when the env ends it.
     """
 
     def __init__(self, shard: Acting, plan: EvalEpisodes):
@@ -383,12 +389,14 @@ class EvalEnding(Ending):
         if len(plan.quotas) != N:
             raise ValueError(f"{len(plan.quotas)} quotas for {N} rows")
         self.shard, self.plan = shard, plan
+        self.by_index = getattr(shard.env, "resets_rows", True)  # False: per-row keys (see the class docstring)
         self.rows = N if plan.rows is None else int(plan.rows)
         self.first = torch.arange(N) + plan.row_offset  # each row's first episode index: its global row
         self.played = torch.zeros(N, dtype=torch.int64)  # episodes started before each row's running one
         self.quota = torch.as_tensor(list(plan.quotas), dtype=torch.int64)
         self.noise_key = torch.zeros(N, dtype=torch.int64)  # of each row's running episode (stochastic)
         self.episode_step = torch.zeros(N, dtype=torch.int64)  # steps of it: its noise counter, its budget
+        self.discarding = torch.zeros(N, dtype=torch.bool)  # running a cut episode the env has yet to end
         self.results: list[tuple[dict, dict]] = []
         self.excluded = 0
 
@@ -396,21 +404,27 @@ class EvalEnding(Ending):
         """The index j of ``row``'s running episode."""
         return int(self.first[row]) + int(self.played[row]) * self.rows
 
-    def seed_of(self, episode: int) -> int:
-        return derive_seed(self.plan.seed, EVAL_EPISODE, episode)
+    def seed_of(self, episode: int) -> int | None:
+        return derive_seed(self.plan.seed, EVAL_EPISODE, episode) if self.by_index else None
 
-    def start(self, rows: list[int]) -> Obs:
-        """Start the next episode of ``rows`` from its seed; the obs of all rows."""
+    def start(self, rows: list[int]) -> Obs | None:
+        """Start the next episode of ``rows`` from its seed; the obs of all rows (None: the env starts them)."""
         episodes = [self.episode(r) for r in rows]
         if not self.plan.deterministic:
             keys = [derive_seed(self.plan.seed, EVAL_ACTION_NOISE, j) for j in episodes]
             self.noise_key[rows] = torch.tensor(keys, dtype=torch.int64)
         self.episode_step[rows] = 0
+        if not self.by_index:
+            return None
         seeds = [self.seed_of(j) for j in episodes]
         return self.shard.env.reset_rows(torch.tensor(rows, dtype=torch.int64), seeds)
 
     def begin(self) -> Obs:
-        return self.start(list(range(self.shard.env.num_envs)))
+        everyone = list(range(self.shard.env.num_envs))
+        if self.by_index:
+            return self.start(everyone)
+        self.start(everyone)
+        return self.shard.env.reset(derive_seed(self.plan.seed, EVAL_BATCH, self.plan.row_offset))
 
     def running(self, t: int) -> bool:
         stop_after = self.plan.stop_after
@@ -425,28 +439,35 @@ class EvalEnding(Ending):
         return actor.sample(obs["policy"], keys=(self.noise_key, self.episode_step), by_row=True)[0]
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
-        self.episode_step += 1
+        self.episode_step += 1 if step.valid is None else step.valid  # an env's own reset transition is none
         playing = self.played < self.quota
         ended = torch.zeros_like(playing)
         ended[step.done_rows] = True
         if bad is not None:
             ended |= bad
-        cut = playing & ~ended & (self.episode_step >= self.plan.max_steps)  # over the step budget: not counted
-        if bad is None and not bool(((playing & ended) | cut).any()):
+        over = playing & ~ended & ~self.discarding & (self.episode_step >= self.plan.max_steps)
+        if bad is None and not bool(((playing & ended) | over).any()):
             return
+        counted = playing & ended & ~self.discarding
         columns = {k: v.tolist() for k, v in step.episodes.items()}
         for i, r in enumerate(step.done_rows.tolist()):
-            if playing[r]:
+            if counted[r]:
                 self.results.append(self._record(r, t, step, {name: values[i] for name, values in columns.items()}))
         if bad is not None:
-            self.excluded += int((bad & playing).sum())
-        finished = (ended | cut) & playing
-        self.played += finished
-        again = finished & (self.played < self.quota)
-        if bad is not None:
+            self.excluded += int((bad & counted).sum())
+        starts = counted | (ended & self.discarding)  # the row's next episode starts
+        self.discarding &= ~ended
+        if self.by_index:
+            starts |= over  # cut now
+        else:
+            self.discarding |= over  # cut when the env ends it
+        self.played += counted | over
+        again = starts & (self.played < self.quota)
+        if bad is not None and self.by_index:
             again |= bad  # a row is never left idling in a non-finite state
         if bool(again.any()):
-            step.obs = self.start(again.nonzero().squeeze(1).tolist())
+            obs = self.start(again.nonzero().squeeze(1).tolist())
+            step.obs = step.obs if obs is None else obs
 
     def _record(self, row: int, t: int, step: Step, report: dict) -> tuple[dict, dict]:
         episode = self.episode(row)
