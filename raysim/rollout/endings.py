@@ -392,7 +392,7 @@ class EvalEnding(Ending):
         self.by_index = getattr(shard.env, "resets_rows", True)  # False: per-row keys (see the class docstring)
         self.rows = N if plan.rows is None else int(plan.rows)
         self.first = torch.arange(N) + plan.row_offset  # each row's first episode index: its global row
-        self.played = torch.zeros(N, dtype=torch.int64)  # episodes started before each row's running one
+        self.played = torch.zeros(N, dtype=torch.int64)  # each row's episodes ended or cut: it plays the next
         self.quota = torch.as_tensor(list(plan.quotas), dtype=torch.int64)
         self.noise_key = torch.zeros(N, dtype=torch.int64)  # of each row's running episode (stochastic)
         self.episode_step = torch.zeros(N, dtype=torch.int64)  # steps of it: its noise counter, its budget
@@ -420,11 +420,10 @@ class EvalEnding(Ending):
         return self.shard.env.reset_rows(torch.tensor(rows, dtype=torch.int64), seeds)
 
     def begin(self) -> Obs:
-        everyone = list(range(self.shard.env.num_envs))
-        if self.by_index:
-            return self.start(everyone)
-        self.start(everyone)
-        return self.shard.env.reset(derive_seed(self.plan.seed, EVAL_BATCH, self.plan.row_offset))
+        obs = self.start(list(range(self.shard.env.num_envs)))
+        return (
+            self.shard.env.reset(derive_seed(self.plan.seed, EVAL_BATCH, self.plan.row_offset)) if obs is None else obs
+        )
 
     def running(self, t: int) -> bool:
         stop_after = self.plan.stop_after
