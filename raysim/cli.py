@@ -215,10 +215,14 @@ def add_eval(commands, common) -> None:
     evaluate.add_argument("--episodes", type=positive, default=100, help="episodes requested (default 100)")
     evaluate.add_argument("--seed", type=int, help="evaluation seed (default: the run's eval.seed)")
     evaluate.add_argument("--shards", type=positive, help="evaluation shards (the result does not depend on it)")
-    evaluate.add_argument("--envs-per-shard", type=positive, help="rows per evaluation shard")
+    evaluate.add_argument(
+        "--envs-per-shard", type=positive, help="rows per evaluation shard (the result does not depend on it either)"
+    )
     evaluate.add_argument("--out", metavar="FILE.parquet", help="write one record per counted episode to this file")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of argmax / mean")
-    evaluate.add_argument("--no-quotas", action="store_true", help="count the first episodes to finish (biased)")
+    evaluate.add_argument(
+        "--no-quotas", action="store_true", help="count the first episodes to finish (biased; depends on the layout)"
+    )
     evaluate.add_argument("--local", action="store_true", help="run in this process, without Ray")
     evaluate.add_argument("--address", help="Ray cluster to attach to (host:port, or local)")
     evaluate.set_defaults(run=eval_command)

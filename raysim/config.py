@@ -134,12 +134,16 @@ class EvalConfig:
     num_envs: int = setting(10, help="rows per evaluation shard", low=1)
     seed: int = setting(12345, help="seed of the evaluation episodes", low=0)
     deterministic: bool = setting(True, help="argmax / mean actions (false: sampled)")
-    balanced: bool = setting(True, help="per-row quotas (false: the first episodes to finish; biased)")
+    balanced: bool = setting(
+        True, help="per-row quotas (false: the first episodes to finish; biased, depends on the layout)"
+    )
     confidence: float = setting(
         0.95, help="level of the Wilson intervals", low=0, high=1, open_low=True, open_high=True
     )
     max_steps: int | None = setting(
-        None, help="batched steps per shard (default: every quota at the episode limit)", low=1
+        None,
+        help="steps an episode may take, then it is cut and not completed (default: the episode limit, or 1000)",
+        low=1,
     )
 
 

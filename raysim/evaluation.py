@@ -1,11 +1,15 @@
-"""Evaluation: quota-balanced episodes over every row of every evaluation shard, with denominators.
+"""Evaluation: episodes 0..n-1 by global index over every row of every evaluation shard, with denominators.
 
-``episodes`` requested over E rows get quotas fixed before the start: ``episodes // E`` each, plus
-one for the first ``episodes % E`` rows. Reset seeds, and a stochastic evaluation's action noise,
-derive from ``(seed, global row, episode index)``, so the report does not depend on the shard layout
-or on timing. The report holds the requested ``n``, completed ``c`` and successful ``k`` episodes
-(``k`` wherever the task defines success, also when no episode completed), the rates with Wilson
-score intervals, and return and length statistics over the completed episodes.
+Evaluation episode ``j`` is played by row ``j mod E`` of the E rows of all evaluation shards, each
+row's episodes in index order, so row ``r`` has the quota ``n // E``, plus one for the first
+``n % E`` rows. Everything random about episode ``j`` (its reset seed, a stochastic evaluation's
+action noise, the task's observation noise) derives from ``(seed, j)``, and the actor computes each
+row alone (``raysim.models.rowwise``), so the records of episode ``j`` (return, length, success) and
+the report do not depend on the number of shards, their rows or timing; a record's ``row`` and
+``step`` are the layout's. ``balanced: false`` (the first ``n`` to finish) depends on the layout by
+nature. The report holds the requested ``n``, completed ``c`` and successful ``k`` episodes (``k``
+wherever the task defines success, also when no episode completed), the rates with Wilson score
+intervals, and return and length statistics over the completed episodes.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from raysim.storage import write_parquet
 
 
 def quotas(episodes: int, rows: int) -> list[int]:
-    """Per-row quotas: ``episodes // rows``, plus one for the first ``episodes % rows`` rows."""
+    """Per-row quotas: ``episodes // rows``, plus one for the first ``episodes % rows`` rows (row ``r``
+    plays episodes ``r, r + rows, ...`` below ``episodes``)."""
     if rows < 1:
         raise ValueError("evaluation needs at least one row")
     base, extra = divmod(int(episodes), rows)
@@ -129,17 +134,15 @@ class EvalSpec:
 
     episodes: int
     seed: int
-    max_steps: int  # batched steps per shard
+    max_steps: int  # steps an episode may take: one still running then is cut and not completed
     deterministic: bool = True
     balanced: bool = True  # False: plain "first n to finish" (biased toward short episodes)
     confidence: float = 0.95
 
     @classmethod
     def of(cls, config: EvalConfig, max_episode_steps: int | None) -> EvalSpec:
-        """The evaluation ``config`` asks for; the default step budget covers every quota at the episode limit."""
-        rows = max(1, config.shards * config.num_envs)
-        per_row = math.ceil(config.episodes / rows) if config.balanced else config.episodes
-        max_steps = config.max_steps or per_row * (max_episode_steps or 1000)
+        """The evaluation ``config`` asks for; the default step budget is the env's episode limit (or 1000)."""
+        max_steps = config.max_steps or max_episode_steps or 1000
         return cls(config.episodes, config.seed, max_steps, config.deterministic, config.balanced, config.confidence)
 
 
@@ -154,11 +157,11 @@ def evaluate_on_shards(
     on_episode: Callable[[dict], None] | None = None,
     max_restarts: int = 3,
 ) -> EvalReport:
-    """Run ``spec.episodes`` episodes over the shards' rows and summarize them.
+    """Run episodes ``0..spec.episodes-1`` over the shards' rows (``EvalEpisodes``) and summarize them.
 
     A shard whose process dies is replaced (``make_shard(i)``, also written into ``shards``) and
-    its rows are played again from the same seeds, so the report equals that of a run without
-    the fault. The callbacks see each counted episode once, ordered by (row, episode).
+    its rows play their episodes again by index, so the report equals that of a run without the
+    fault. The callbacks see each counted episode once, in index order.
     """
     rows = sum(rows_per_shard)
     row_quotas = quotas(spec.episodes, rows) if spec.balanced else [spec.episodes] * rows
@@ -167,7 +170,7 @@ def evaluate_on_shards(
 
     def call(i: int):
         part = row_quotas[offsets[i] : offsets[i] + rows_per_shard[i]]
-        plan = EvalEpisodes(part, offsets[i], spec.seed, spec.max_steps, spec.deterministic, stop_after)
+        plan = EvalEpisodes(part, offsets[i], spec.seed, spec.max_steps, spec.deterministic, stop_after, rows)
         return shards[i].call(EnvShard.evaluate, weights, plan)
 
     pending = {i: call(i) for i in range(len(shards))}
@@ -190,11 +193,9 @@ def evaluate_on_shards(
             )
             shards[i] = make_shard(i)
             pending[i] = call(i)
-    if spec.balanced:
-        results.sort(key=lambda pair: (pair[0]["row"], pair[0]["episode"]))
-    else:  # the first episodes to finish, over all shards
+    if not spec.balanced:  # the first episodes to finish, over all shards
         results = sorted(results, key=lambda pair: (pair[0]["step"], pair[0]["row"]))[: spec.episodes]
-        results.sort(key=lambda pair: (pair[0]["row"], pair[0]["episode"]))
+    results.sort(key=lambda pair: pair[0]["episode"])
     for record, report in results:
         if on_scored_episode is not None:
             on_scored_episode(dict(record))

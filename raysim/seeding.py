@@ -17,9 +17,10 @@ import torch
 #: Purpose tags: the first key of a ``derive_seed`` whose purpose must not share a namespace with another.
 #: Taken elsewhere: 1 a shard's sampling generator, 2 row restarts, 3 initial weights, 4 a learner rank's
 #: generator, 6 GRPO group starts and fresh episodes, 10 / 11 training / evaluation shards, 12 benchmark
-#: shards. Evaluation reset seeds are ``(eval seed, global row, episode)``, untagged: a tag adds a key,
-#: so a tagged seed of the same row and episode never equals them.
-EVAL_ACTION_NOISE = 7  # (eval seed, tag, global row, episode): a stochastic evaluation's action noise
+#: shards.
+EVAL_EPISODE = 5  # (eval seed, tag, episode index j): the reset seed of evaluation episode j
+EVAL_ACTION_NOISE = 7  # (eval seed, tag, episode index j): a stochastic evaluation's action noise
+EVAL_BATCH = 8  # (eval seed, tag, first global row): a shard's rows when its env cannot reset one row
 
 _MASK32 = 0xFFFFFFFF
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -67,21 +68,39 @@ def test_balanced_quotas_remove_the_bias_toward_short_episodes_that_first_n_to_f
     assert sum(r["row"] == 0 for r in first_n.records) > 10
 
 
-def test_eval_report_independent_of_shard_layout():
-    spec = EvalSpec(episodes=37, seed=11, max_steps=2000)
-    one = run_local("raysim/CartPole", [8], spec)
-    four = run_local("raysim/CartPole", [2, 2, 2, 2], spec)
-    assert one.records == four.records
-    assert one.completed == 37 and len({r["seed"] for r in one.records}) == 37
+LAYOUTS = ([1], [8], [4, 4], [5, 5, 5], [16] * 8)  # shards x envs: 1x1, 1x8, 2x4, 3x5, 8x16
 
 
-def test_a_stochastic_evaluation_does_not_depend_on_the_shard_layout():
-    spec = EvalSpec(episodes=16, seed=3, max_steps=5000, deterministic=False)
-    one = run_local("raysim/CartPole", [8], spec)
-    for layout in ([4, 4], [3, 5], [1] * 8):
-        assert run_local("raysim/CartPole", layout, spec).records == one.records, layout
-    deterministic = run_local("raysim/CartPole", [8], EvalSpec(episodes=16, seed=3, max_steps=5000))
-    assert [r["return"] for r in one.records] != [r["return"] for r in deterministic.records]  # actions are sampled
+def by_episode(report) -> dict[int, dict]:
+    """The report's records keyed by global episode index, without the layout facts ``row`` and ``step``."""
+    return {r["episode"]: {k: v for k, v in r.items() if k not in ("row", "step")} for r in report.records}
+
+
+def assert_same_evaluation(reports: list, layouts=LAYOUTS) -> None:
+    """Equal records per episode index and equal reports (denominators, rates, statistics) on every layout."""
+    expected = by_episode(reports[0])
+    for layout, report in zip(layouts, reports, strict=True):
+        assert by_episode(report) == expected, layout
+        assert [r["episode"] for r in report.records] == sorted(expected), layout  # in index order
+        assert dataclasses.replace(report, records=[]) == dataclasses.replace(reports[0], records=[]), layout
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_eval_report_independent_of_shard_layout(deterministic):
+    spec = EvalSpec(episodes=37, seed=11, max_steps=500, deterministic=deterministic)
+    reports = [run_local("raysim/CartPole", layout, spec) for layout in LAYOUTS]
+    assert_same_evaluation(reports)
+    assert sorted(by_episode(reports[0])) == list(range(37))  # exactly episodes 0..n-1
+    assert len({r["seed"] for r in reports[0].records}) == 37
+    other = run_local("raysim/CartPole", [8], EvalSpec(episodes=37, seed=11, max_steps=500, deterministic=True))
+    if not deterministic:  # actions are sampled
+        assert [r["return"] for r in reports[0].records] != [r["return"] for r in other.records]
+
+
+def test_a_longer_evaluation_plays_the_episodes_of_a_shorter_one_first():
+    short = run_local("raysim/CartPole", [8], EvalSpec(episodes=8, seed=2, max_steps=500))
+    long = run_local("raysim/CartPole", [16], EvalSpec(episodes=20, seed=2, max_steps=500))
+    assert {j: r for j, r in by_episode(long).items() if j < 8} == by_episode(short)
 
 
 NOISY_REACH = {
@@ -93,14 +112,16 @@ NOISY_REACH = {
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_an_evaluation_of_reach_with_observation_noise_does_not_depend_on_the_shard_layout(deterministic):
     spec = EvalSpec(episodes=14, seed=5, max_steps=1000, deterministic=deterministic)
-    one = run_local("raysim/Reach", [6], spec, NOISY_REACH)
-    assert one.completed == 14
-    for layout in ([2, 4], [3, 3], [1] * 6):
-        records = run_local("raysim/Reach", layout, spec, NOISY_REACH).records
-        assert [(r.keys(), r["seed"]) for r in records] == [(r.keys(), r["seed"]) for r in one.records]
-        for got, expected in zip(records, one.records, strict=True):
-            # continuous actions: the actor's matrix products round differently per batch size (last bits)
-            assert got == pytest.approx(expected, rel=1e-5, abs=1e-7), layout
+    reports = [run_local("raysim/Reach", layout, spec, NOISY_REACH) for layout in LAYOUTS]
+    assert reports[0].completed == 14 and "success" in reports[0].records[0]
+    assert_same_evaluation(reports)  # bitwise: continuous actions too
+
+
+def test_the_step_budget_cuts_the_same_episodes_on_any_layout():
+    spec = EvalSpec(episodes=24, seed=1, max_steps=12)  # an episode still running after 12 steps is cut
+    reports = [run_local("raysim/CartPole", layout, spec) for layout in LAYOUTS]
+    assert_same_evaluation(reports)
+    assert 0 < reports[0].completed < 24 and all(r["length"] <= 12 for r in reports[0].records)
 
 
 def _wilson_by_bisection(k: int, n: int, z: float) -> tuple[float, float]:
@@ -233,3 +254,35 @@ def test_evaluate_api_and_cli_read_a_run_directory(tmp_path, capsys):
     assert main(["eval", summary.run_dir, "--episodes", "6", "--local", "--shards", "2", "--envs-per-shard", "3"]) == 0
     out = capsys.readouterr().out
     assert "requested episodes n   6" in out and "Wilson" in out
+
+
+def test_raysim_eval_on_another_layout_reports_what_the_evaluation_during_training_found(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from raysim.cli import main
+
+    run_dir = tmp_path / "run"
+    settings = ["backend=local", "train.total_steps=1024", "eval.episodes=13", "eval.shards=1", "eval.num_envs=4"]
+    summary = raysim.Trainer(raysim.load_config(None, [*settings, f"run_dir={run_dir}"])).train()
+    capsys.readouterr()
+    args = ["eval", str(run_dir), "--episodes", "13", "--local", "--shards", "3", "--envs-per-shard", "5"]
+    assert main([*args, "--out", str(tmp_path / "e.parquet")]) == 0
+    assert format_report(summary.evaluation) in capsys.readouterr().out
+
+    def scored(records: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in ("row", "step")} for r in records]
+
+    (in_training,) = (run_dir / "eval").glob("*.parquet")
+    assert scored(pq.read_table(tmp_path / "e.parquet").to_pylist()) == scored(pq.read_table(in_training).to_pylist())
+
+
+def test_an_env_that_cannot_reset_one_row_is_evaluated_with_per_row_keys():
+    native = {"vectorize": "native", "max_episode_steps": 60}  # Gymnasium's CartPoleVectorEnv
+    spec = EvalSpec(episodes=10, seed=4, max_steps=500)
+    report = run_local("gym:CartPole-v1", [4], spec, native)
+    assert report.completed == 10 and sorted(by_episode(report)) == list(range(10))
+    assert all(r["seed"] is None for r in report.records)  # no episode has a seed of its own
+    assert report == run_local("gym:CartPole-v1", [4], spec, native)  # reproducible on its layout
+
+    cut = run_local("gym:CartPole-v1", [4], dataclasses.replace(spec, max_steps=25), native)
+    assert 0 < cut.completed < 10 and all(r["length"] <= 25 for r in cut.records)

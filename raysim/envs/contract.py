@@ -68,6 +68,9 @@ class BatchedEnv:
     max_episode_steps: int | None
     #: True when ``reset_rows`` with equal seeds gives equal initial observations.
     seeded_reset: bool = True
+    #: False when ``reset_rows`` cannot start single rows (a Gymnasium vector env vectorized ``native``):
+    #: evaluation episodes are then keyed by row, not by global index (``raysim.rollout.endings.EvalEnding``).
+    resets_rows: bool = True
     #: Whether the episode reports carry ``success``: a property of the task, known before any episode
     #: ends (an evaluation with no completed episode still reports k/n); None: only the reports can tell.
     defines_success: bool | None = None

@@ -12,7 +12,8 @@ each into raysim's same-step contract:
 - A native vector env in ``NEXT_STEP`` mode whose ``reset`` cannot reset a subset of rows
   (``reset_mask``; Gymnasium's ``CartPoleVectorEnv`` is one) is stepped through its own reset
   transition: that transition is reported with ``Step.valid`` False for the row and is never
-  trained on.
+  trained on. It cannot start one row from a seed (``resets_rows`` False), so its evaluation
+  episodes are keyed by row and depend on the layout (``raysim.rollout.endings.EvalEnding``).
 
 Observations: a ``Box`` space becomes the ``policy`` group; a ``Dict`` of ``Box`` spaces maps each
 key to a group of the same name (``policy`` required). Episode reports carry ``return``,
@@ -65,6 +66,7 @@ class GymAdapter(BatchedEnv):
         self.vec = gym.make_vec(gym_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **env_kwargs)
         self.mode = AutoresetMode(self.vec.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self.masked_reset = vectorize != "native"  # Sync/AsyncVectorEnv honour reset_mask
+        self.resets_rows = self.masked_reset
         if not self.masked_reset and self.mode == AutoresetMode.DISABLED:
             raise ValueError(f"{self.env_id}: a native vector env with autoreset DISABLED is not supported")
         self.action_space = self.vec.single_action_space

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from raysim.models.normalizer import RunningNorm
+from raysim.models.rowwise import rowwise
 from raysim.schema import setting
 from raysim.seeding import keyed_normal, keyed_uniform
 
@@ -104,23 +105,27 @@ class Actor(nn.Module):
             if config.action_transform not in ("clip", "squash"):
                 raise ValueError(f"model.action_transform must be 'clip' or 'squash', got {config.action_transform!r}")
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Logits (discrete) or the Gaussian mean (continuous)."""
+    def forward(self, obs: torch.Tensor, by_row: bool = False) -> torch.Tensor:
+        """Logits (discrete) or the Gaussian mean (continuous); ``by_row``: each row's bitwise the same
+        in any batch (``raysim.models.rowwise``; evaluation)."""
         x = obs.flatten(1)
-        return self.net(x if self.obs_norm is None else self.obs_norm(x))
+        x = x if self.obs_norm is None else self.obs_norm(x)
+        return rowwise(self.net, x) if by_row else self.net(x)
 
     def sample(
         self,
         obs: torch.Tensor,
         generator: torch.Generator | None = None,
         keys: tuple[torch.Tensor, torch.Tensor] | None = None,
+        by_row: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A sampled action and its log-probability, without building distribution objects.
 
         ``keys``: ``(key [B], counter [B])`` int64; the draws are then the counter-based noise of
-        ``raysim.seeding`` (row ``i``'s depend on its key and counter alone), not the generator's.
+        ``raysim.seeding`` (row ``i``'s depend on its key and counter alone), not the generator's;
+        with ``by_row`` too, a row's action and log-probability do not depend on the batch at all.
         """
-        out = self(obs)
+        out = self(obs, by_row)
         if self.discrete:
             log_probs = out.log_softmax(-1)
             uniform = None if keys is None else keyed_uniform(*keys, out.shape[-1])
@@ -134,9 +139,9 @@ class Actor(nn.Module):
         logp = -0.5 * noise.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
         return action, logp
 
-    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        """The mode: argmax for discrete actions, the mean for continuous ones."""
-        out = self(obs)
+    def deterministic(self, obs: torch.Tensor, by_row: bool = False) -> torch.Tensor:
+        """The mode: argmax for discrete actions, the mean for continuous ones (``by_row``: as in ``forward``)."""
+        out = self(obs, by_row)
         return out.argmax(-1) if self.discrete else out
 
     def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ into an *ending*, the object its loop consults::
 
 - ``FixedSteps(T)``: a chunk of ``T`` steps that continues the rows' running episodes (PPO);
 - ``GroupEpisodes(G, max_steps)``: every row plays one episode from its group's shared start (GRPO);
-- ``EvalEpisodes(...)``: seeded episodes with per-row quotas; returns records, not a chunk.
+- ``EvalEpisodes(...)``: evaluation episodes by global index, per-row quotas; returns records, not a chunk.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.models import Actor
 from raysim.rollout.chunk import RolloutChunk
-from raysim.seeding import EVAL_ACTION_NOISE, derive_seed
+from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_seed
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,18 @@ class GroupEpisodes:
 
 @dataclass(frozen=True)
 class EvalEpisodes:
-    """Seeded evaluation episodes on a shard's rows: row ``r`` plays ``quotas[r]`` counted episodes.
+    """Evaluation episodes on a shard's rows: its row ``r`` plays ``quotas[r]`` of them, in index order.
 
-    Episode ``k`` of global row ``row_offset + r`` starts from ``derive_seed(seed, row_offset + r, k)``;
-    a stochastic one (``deterministic`` False) samples its actions from counter-based noise keyed by
-    ``derive_seed(seed, EVAL_ACTION_NOISE, row_offset + r, k)`` and the episode's step, so neither
-    depends on the shard layout. ``max_steps`` bounds the batched steps; ``stop_after`` ends the run
-    once that many episodes were counted ("first n to finish", the biased count kept for comparison).
+    Episodes have global indices: row ``r`` is global row ``g = row_offset + r`` of ``rows`` over all
+    shards (default: this shard's, the only one) and plays episodes ``j = g, g + rows, g + 2 rows, ...``
+    (static assignment: which row plays an episode never depends on timing). Episode ``j`` starts
+    from ``derive_seed(seed, EVAL_EPISODE, j)``, a stochastic one (``deterministic`` False) samples
+    its actions from counter-based noise keyed by ``derive_seed(seed, EVAL_ACTION_NOISE, j)`` and the
+    episode's step, and the actor computes each row alone (``Actor.forward(by_row=True)``), so episode
+    ``j`` is the same on any layout. ``max_steps``: the steps an episode may take; one still running
+    then is cut and not counted. ``stop_after`` ends the run once that many episodes were counted
+    ("first n to finish", the biased count kept for comparison; which episodes those are depends on
+    the layout).
     """
 
     quotas: Sequence[int]
@@ -76,6 +81,7 @@ class EvalEpisodes:
     max_steps: int
     deterministic: bool = True
     stop_after: int | None = None
+    rows: int | None = None
 
 
 Collection = FixedSteps | GroupEpisodes  # what an algorithm asks the shards to collect
@@ -363,13 +369,19 @@ def group_reset(shard: Acting, group_size: int, round_index: int) -> Obs:
 
 
 class EvalEnding(Ending):
-    """``EvalEpisodes``: per-row quotas of seeded episodes; yields ``(record, report)`` per counted episode.
+    """``EvalEpisodes``: each row's episodes by index; yields ``(record, report)`` per counted episode.
 
-    ``record`` holds scalars: row, episode index, seed, finishing step, terminated, truncated and the
-    env's report fields; ``report`` is the env-owned episode report as the env gave it. A row's first
-    ``quota`` episodes count, in the order they started; later ones are discarded. An episode with a
-    non-finite value (``on_nonfinite: mask``) is not counted: ``excluded`` counts it, and the row
-    starts its next episode.
+    ``record`` holds scalars: the episode index ``episode`` (j), its reset ``seed``, ``terminated``,
+    ``truncated``, the env's report fields, and two facts of the layout, the global ``row`` that
+    played it and the batched ``step`` it finished at; ``report`` is the env-owned episode report as
+    the env gave it. An episode with a non-finite value (``on_nonfinite: mask``) is not counted:
+    ``excluded`` counts it. A row that played its quota idles (its episodes are ignored).
+
+    An env that cannot reset single rows (``BatchedEnv.resets_rows`` False: a Gymnasium vector env
+    vectorized ``native``) keeps per-row keys: the shard's rows start from one batch seed,
+    ``derive_seed(seed, EVAL_BATCH, row_offset)``, and play the episodes the env's own resets give
+    them (``seed`` None in their records), so they depend on the layout; a cut episode is discarded
+    when the env ends it.
     """
 
     def __init__(self, shard: Acting, plan: EvalEpisodes):
@@ -377,67 +389,94 @@ class EvalEnding(Ending):
         if len(plan.quotas) != N:
             raise ValueError(f"{len(plan.quotas)} quotas for {N} rows")
         self.shard, self.plan = shard, plan
-        self.started = torch.zeros(N, dtype=torch.int64)  # index of each row's running episode
+        self.by_index = getattr(shard.env, "resets_rows", True)  # False: per-row keys (see the class docstring)
+        self.rows = N if plan.rows is None else int(plan.rows)
+        self.first = torch.arange(N) + plan.row_offset  # each row's first episode index: its global row
+        self.played = torch.zeros(N, dtype=torch.int64)  # each row's episodes ended or cut: it plays the next
         self.quota = torch.as_tensor(list(plan.quotas), dtype=torch.int64)
         self.noise_key = torch.zeros(N, dtype=torch.int64)  # of each row's running episode (stochastic)
-        self.episode_step = torch.zeros(N, dtype=torch.int64)  # the counter of its noise
+        self.episode_step = torch.zeros(N, dtype=torch.int64)  # steps of it: its noise counter, its budget
+        self.discarding = torch.zeros(N, dtype=torch.bool)  # running a cut episode the env has yet to end
         self.results: list[tuple[dict, dict]] = []
         self.excluded = 0
 
-    def seed_of(self, row: int, episode: int) -> int:
-        return derive_seed(self.plan.seed, self.plan.row_offset + row, episode)
+    def episode(self, row: int) -> int:
+        """The index j of ``row``'s running episode."""
+        return int(self.first[row]) + int(self.played[row]) * self.rows
 
-    def start(self, rows: list[int]) -> Obs:
-        """Start the next episode of ``rows`` (index ``started[r]``) from its seeds; the obs of all rows."""
-        episodes = [int(self.started[r]) for r in rows]
+    def seed_of(self, episode: int) -> int | None:
+        return derive_seed(self.plan.seed, EVAL_EPISODE, episode) if self.by_index else None
+
+    def start(self, rows: list[int]) -> Obs | None:
+        """Start the next episode of ``rows`` from its seed; the obs of all rows (None: the env starts them)."""
+        episodes = [self.episode(r) for r in rows]
         if not self.plan.deterministic:
-            offset, seed = self.plan.row_offset, self.plan.seed
-            keys = [derive_seed(seed, EVAL_ACTION_NOISE, offset + r, k) for r, k in zip(rows, episodes, strict=True)]
+            keys = [derive_seed(self.plan.seed, EVAL_ACTION_NOISE, j) for j in episodes]
             self.noise_key[rows] = torch.tensor(keys, dtype=torch.int64)
-            self.episode_step[rows] = 0
-        seeds = [self.seed_of(r, k) for r, k in zip(rows, episodes, strict=True)]
+        self.episode_step[rows] = 0
+        if not self.by_index:
+            return None
+        seeds = [self.seed_of(j) for j in episodes]
         return self.shard.env.reset_rows(torch.tensor(rows, dtype=torch.int64), seeds)
 
     def begin(self) -> Obs:
-        return self.start(list(range(self.shard.env.num_envs)))
+        obs = self.start(list(range(self.shard.env.num_envs)))
+        return (
+            self.shard.env.reset(derive_seed(self.plan.seed, EVAL_BATCH, self.plan.row_offset)) if obs is None else obs
+        )
 
     def running(self, t: int) -> bool:
         stop_after = self.plan.stop_after
-        return (
-            t < self.plan.max_steps
-            and not bool((self.started >= self.quota).all())
-            and not (stop_after is not None and len(self.results) >= stop_after)
+        return bool((self.played < self.quota).any()) and not (
+            stop_after is not None and len(self.results) >= stop_after
         )
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         actor = self.shard.actor
         if self.plan.deterministic:
-            return actor.deterministic(obs["policy"])
-        return actor.sample(obs["policy"], keys=(self.noise_key, self.episode_step))[0]
+            return actor.deterministic(obs["policy"], by_row=True)
+        return actor.sample(obs["policy"], keys=(self.noise_key, self.episode_step), by_row=True)[0]
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
-        self.episode_step += 1
-        bad_rows = [] if bad is None else bad.nonzero().squeeze(1).tolist()
-        if step.done_rows.numel() == 0 and not bad_rows:
+        self.episode_step += 1 if step.valid is None else step.valid  # an env's own reset transition is none
+        playing = self.played < self.quota
+        ended = torch.zeros_like(playing)
+        ended[step.done_rows] = True
+        if bad is not None:
+            ended |= bad
+        over = playing & ~ended & ~self.discarding & (self.episode_step >= self.plan.max_steps)
+        if bad is None and not bool(((playing & ended) | over).any()):
             return
+        counted = playing & ended & ~self.discarding
         columns = {k: v.tolist() for k, v in step.episodes.items()}
-        done = step.done_rows.tolist()
-        for i, r in enumerate(done):
-            k = int(self.started[r])
-            if k >= self.quota[r]:
-                continue
-            report = {name: values[i] for name, values in columns.items()}
-            record = {
-                "row": self.plan.row_offset + r,
-                "episode": k,
-                "seed": self.seed_of(r, k),
-                "step": t,
-                "terminated": bool(step.terminated[r]),
-                "truncated": bool(step.truncated[r]),
-                **report,
-            }
-            self.results.append((record, report))
-        self.excluded += sum(1 for r in bad_rows if self.started[r] < self.quota[r])
-        restart = sorted(set(done) | set(bad_rows))
-        self.started[restart] += 1
-        step.obs = self.start(restart)
+        for i, r in enumerate(step.done_rows.tolist()):
+            if counted[r]:
+                self.results.append(self._record(r, t, step, {name: values[i] for name, values in columns.items()}))
+        if bad is not None:
+            self.excluded += int((bad & counted).sum())
+        starts = counted | (ended & self.discarding)  # the row's next episode starts
+        self.discarding &= ~ended
+        if self.by_index:
+            starts |= over  # cut now
+        else:
+            self.discarding |= over  # cut when the env ends it
+        self.played += counted | over
+        again = starts & (self.played < self.quota)
+        if bad is not None and self.by_index:
+            again |= bad  # a row is never left idling in a non-finite state
+        if bool(again.any()):
+            obs = self.start(again.nonzero().squeeze(1).tolist())
+            step.obs = step.obs if obs is None else obs
+
+    def _record(self, row: int, t: int, step: Step, report: dict) -> tuple[dict, dict]:
+        episode = self.episode(row)
+        record = {
+            "row": self.plan.row_offset + row,
+            "episode": episode,
+            "seed": self.seed_of(episode),
+            "step": t,
+            "terminated": bool(step.terminated[row]),
+            "truncated": bool(step.truncated[row]),
+            **report,
+        }
+        return record, report

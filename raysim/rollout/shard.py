@@ -5,7 +5,7 @@ The coordinator's loop calls it once per iteration (in-process or as a Ray actor
     weights = learner.get_weights()                           # {"version": v, "actor": state_dict}
     chunk, receipt = shard.collect(weights, FixedSteps(T))    # or GroupEpisodes(G, max_steps) for GRPO
     learner.update(chunk, ...)
-    records = eval_shard.evaluate(weights, EvalEpisodes(...))  # seeded, quota-balanced episodes
+    records = eval_shard.evaluate(weights, EvalEpisodes(...))  # episodes by global index
 
 The shard acts actor-side in inference mode and returns one ``RolloutChunk`` of owned tensors.
 Training episodes continue across chunks: the next chunk starts from ``chunk.obs[T]`` with the
@@ -116,9 +116,9 @@ class EnvShard:
         return chunk
 
     def evaluate(self, weights: dict, plan: EvalEpisodes) -> tuple[list[tuple[dict, dict]], int, bool | None]:
-        """Play seeded evaluation episodes with per-row quotas: ``(record, report)`` per counted episode, how
-        many counted episodes were left out for a non-finite value (``on_nonfinite: mask``), and whether the
-        task defines success (``BatchedEnv.defines_success``)."""
+        """Play the rows' evaluation episodes by global index (``EvalEpisodes``): ``(record, report)`` per counted
+        episode, how many counted episodes were left out for a non-finite value (``on_nonfinite: mask``), and
+        whether the task defines success (``BatchedEnv.defines_success``)."""
         self.set_weights(weights)
         ending = EvalEnding(self, plan)
         self.act(ending)
