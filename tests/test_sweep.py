@@ -20,7 +20,7 @@ from raysim.config import load_config, to_dict
 from raysim.coordinator.cluster import ResourceError
 from raysim.storage import RunLock, open_storage
 from raysim.sweep.fit import extreme_trials, largest, refuse_unfittable
-from raysim.sweep.sweep import Sweep, check_sweep, trainable_of
+from raysim.sweep.sweep import Sweep, check_sweep, planned_reports, scheduler_of, trainable_of
 from raysim.sweep.trial import wait_for_handover
 from tests.support.ray_head import RayHead
 
@@ -128,6 +128,13 @@ def test_a_search_space_whose_every_trial_fits_is_accepted_and_sizes_an_embedded
     ]
     refuse_unfittable(trials, FourCPUs())
     assert largest(trials).shards.count == 2 and largest(trials).learner.num_cpus == 1
+
+
+def test_asha_lets_the_trial_with_the_most_reports_run_to_its_end():
+    sweep = sweep_of("shards.count=grid:1,2", sets=("shards.count=2",), scheduler="asha")  # 1 shard: 2x the reports
+    trials = extreme_trials(sweep.base, sweep.parsed, sweep.metric)
+    reports = {values["shards.count"]: planned_reports(config) for values, config in trials}
+    assert reports[1] > reports[2] and scheduler_of(sweep, trials)._max_t == reports[1]
 
 
 def test_a_checkpoint_handed_to_tune_is_self_contained_and_verified_when_handed_back(tmp_path):

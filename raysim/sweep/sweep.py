@@ -110,14 +110,15 @@ def planned_reports(config: Config) -> int:
     return math.ceil(planned_iterations(config) / config.train.log_every) + 1
 
 
-def scheduler_of(sweep: Sweep, reports: int) -> Any:
-    """Tune's trial scheduler for ``--scheduler``: on ``training_iteration``, one per report (at most ``reports``)."""
+def scheduler_of(sweep: Sweep, trials: list[tuple[dict[str, Any], Config]]) -> Any:
+    """Tune's trial scheduler for ``--scheduler``: on ``training_iteration``, one per report (ASHA's ``max_t``: the
+    most reports of the ``extreme_trials``; fewer shards, smaller batches, more of them)."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     if sweep.scheduler == "asha":
         return ASHAScheduler(
             time_attr="training_iteration",
-            max_t=max(reports, sweep.grace_period + 1),
+            max_t=max(*(planned_reports(config) for _, config in trials), sweep.grace_period + 1),
             grace_period=sweep.grace_period,
             reduction_factor=sweep.reduction_factor,
         )
@@ -232,7 +233,7 @@ def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
                     metric=sweep.metric,
                     mode=sweep.mode,
                     num_samples=sweep.samples,
-                    scheduler=scheduler_of(sweep, max(planned_reports(config) for _, config in trials)),
+                    scheduler=scheduler_of(sweep, trials),
                     max_concurrent_trials=sweep.max_concurrent,
                 ),
                 run_config=ray_tune.RunConfig(
