@@ -72,10 +72,17 @@ def test_resume_of_a_folder_that_holds_no_sweep_names_it(tmp_path, capsys):
     assert f"{tmp_path} is not a sweep's experiment directory (no sweep.yaml)" in capsys.readouterr().err
 
 
-def test_a_trial_larger_than_the_cluster_is_refused_before_any_trial_starts(ray_session, tmp_path, capsys):
-    code = main(["tune", "--param", "algo.lr=choice:1e-3", "--set", "shards.num_cpus=3", "--dir", str(tmp_path / "s")])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--param", "algo.lr=choice:1e-3", "--set", "shards.num_cpus=3"], "one trial needs"),
+        (["--param", "shards.count=grid:1,4"], "the trial with shards.count=4 needs"),  # the base config fits
+    ],
+)
+def test_a_trial_larger_than_the_cluster_is_refused_before_any_trial_starts(args, says, ray_session, tmp_path, capsys):
+    code = main(["tune", *args, "--dir", str(tmp_path / "s")])
     err = capsys.readouterr().err
-    assert code == 2 and "one trial needs" in err and "the cluster has" in err
+    assert code == 2 and says in err and "the cluster has" in err
     assert not (tmp_path / "s" / "sweep.yaml").exists()
 
 
