@@ -17,6 +17,7 @@ from raysim.metrics import ParquetSink
 from raysim.models.networks import ModelConfig
 from raysim.records import read_metrics
 from raysim.rollout import GroupEpisodes, GroupResetError
+from raysim.rollout.inference import inference
 from raysim.rollout.shard import EnvShard
 from raysim.storage import open_storage
 
@@ -213,3 +214,29 @@ def test_a_linear_schedule_falls_on_the_env_steps_of_grpos_variable_rounds_to_th
     assert len({b - a for a, b in zip(consumed, consumed[1:], strict=False)}) > 1  # rounds of varying size
     assert [r["lr"] for r in rows] == [config.algo.lr * max(0.0, 1.0 - s / 1500) for s in consumed]
     assert rows[-1]["lr"] < 0.3 * config.algo.lr  # the last round trains near the end of the schedule
+
+
+def test_a_lagging_round_is_clipped_around_the_learners_policy_and_weighted_truncated():
+    shard = make_shard()
+    learner = make_learner(shard, GRPOConfig(group_size=4, max_policy_lag=1, max_is_weight=1.05, lr=0.05))
+    old = shard.rollout(learner.get_weights(), GroupEpisodes(4, 500))  # version 0, trained on after version 1 is out
+    learner.update(shard.rollout(learner.get_weights(), GroupEpisodes(4, 500)))
+    current = shard.rollout(learner.get_weights(), GroupEpisodes(4, 500))  # version 1, the learner's
+    learner.algorithm.version = learner.version  # as the learner sets it before an update
+    plain = learner.algorithm.batch([current])  # no lagging round: the acting policy is the proximal one
+    assert "is_weights" not in plain and torch.equal(plain["logprobs"], current.logp[current.mask])
+    batch = learner.algorithm.batch([old, current])
+    lagging = int(old.mask.sum())
+    actor = learner.model.actor
+    with inference(actor):
+        proximal, _ = actor.log_prob_entropy(batch["obs"]["policy"][:lagging], batch["actions"][:lagging])
+    assert torch.equal(batch["logprobs"][:lagging], proximal)  # the ratio starts at 1 for the lagging round
+    weights = (proximal - old.logp[old.mask]).exp()
+    assert (weights > 1.05).any() and (weights < 1.05).any()  # the policy moved: some weights are truncated
+    assert torch.equal(batch["is_weights"][:lagging], weights.clamp(max=1.05))
+    assert torch.equal(batch["is_weights"][lagging:], torch.ones(len(batch["logprobs"]) - lagging))
+    head = {"obs": {g: o[:lagging] for g, o in batch["obs"].items()}}
+    head |= {k: v[:lagging] for k, v in batch.items() if k != "obs"}
+    loss, metrics = grpo_loss(actor, head, learner.algorithm.config, None)
+    assert metrics["approx_kl"] == 0 and metrics["clipfrac"] == 0  # nothing outside the clip range at the start
+    assert torch.allclose(metrics["pg_loss"], -(head["advantages"] * head["is_weights"]).mean())

@@ -3,8 +3,8 @@
 Lag 0 is lockstep, bitwise as before (the exact-resume and fast-path tests hold it). With lag 1 the shards
 collect the next chunk with the weights they have while the learner updates: fixed seeds still give fixed
 results, every chunk reaches its update exactly one version late, PPO still solves CartPole within the
-lockstep budget, and a stopped run resumes to its budget. First-arrived batches count every collected step
-once: trained, or reported as stale past the lag bound.
+lockstep budget, GRPO (decoupled like PPO) solves it too, and a stopped run resumes to its budget.
+First-arrived batches count every collected step once: trained, or reported as stale past the lag bound.
 """
 
 from __future__ import annotations
@@ -58,6 +58,14 @@ def test_overlapped_ppo_solves_cartpole_within_the_lockstep_budget(tmp_path):
     summary = raysim.Trainer(config, sinks=None).train()  # the lockstep test: tests/test_train.py, same budget
     assert summary.iterations == 16 and summary.metrics["policy_lag"] == 1
     assert summary.evaluation.completed == 20 and summary.evaluation.mean_return > 200, summary.evaluation.returns
+
+
+def test_overlapped_grpo_solves_cartpole(tmp_path):
+    overrides = ["backend=local", "seed=1", "train.total_steps=80000", "train.log_every=4", "eval.episodes=20"]
+    overrides += ["algo.max_policy_lag=1", f"run_dir={tmp_path / 'run'}"]
+    summary = raysim.Trainer(raysim.load_config("cartpole_grpo", overrides), sinks=None).train()
+    assert summary.metrics["policy_lag"] == 1  # every round but the first trained one version late, decoupled
+    assert summary.evaluation.completed == 20 and summary.evaluation.mean_return > 475, summary.evaluation.returns
 
 
 def test_a_stopped_overlapped_run_resumes_to_its_budget_with_counters_that_agree(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from raysim.cli import main
+from raysim.config import load_config, to_dict
+from raysim.coordinator.cluster import ResourceError
 from raysim.storage import RunLock, open_storage
+from raysim.sweep.fit import extreme_trials, largest, refuse_unfittable
+from raysim.sweep.sweep import Sweep, check_sweep, planned_reports, scheduler_of, trainable_of
 from raysim.sweep.trial import wait_for_handover
 from tests.support.ray_head import RayHead
 
@@ -44,6 +49,14 @@ TINY = [  # CartPole PPO: 4 iterations of 1,024 steps, a report each, trials of 
         (["--param", "algo.lr"], "expected KEY=KIND:ARGS"),
         (["--param", "model.hidden_sizes=grid:[32],[64]", "--scheduler", "pbt"], "cannot search model.hidden_sizes"),
         ([], "give at least one --param"),
+        (["--param", "shards.num_cpus=choice:0.5,1", "--scheduler", "pbt"], "cannot search shards.num_cpus: it"),
+        (["--param", "learner.ranks=choice:1,2", "--set", "shards.count=2", "--scheduler", "pbt"], "learner.ranks"),
+        (["--param", "shards.max=choice:2,4"], "shards.max (elastic shards) cannot be used in a sweep"),
+        (["--param", "algo.lr=choice:1e-3", "--set", "shards.max=2"], "shards.max (elastic shards) cannot be used"),
+        (
+            ["--set", "shards.count=2", "--param", "shards.count=grid:2,3", "--param", "learner.ranks=grid:1,2"],
+            "the trial with shards.count=3, learner.ranks=2: learner.ranks must be >= 1 and divide shards.count (3)",
+        ),
     ],
 )
 def test_bad_sweeps_are_refused_in_one_line_before_anything_starts(args, says, tmp_path, capsys):
@@ -59,11 +72,76 @@ def test_resume_of_a_folder_that_holds_no_sweep_names_it(tmp_path, capsys):
     assert f"{tmp_path} is not a sweep's experiment directory (no sweep.yaml)" in capsys.readouterr().err
 
 
-def test_a_trial_larger_than_the_cluster_is_refused_before_any_trial_starts(ray_session, tmp_path, capsys):
-    code = main(["tune", "--param", "algo.lr=choice:1e-3", "--set", "shards.num_cpus=3", "--dir", str(tmp_path / "s")])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--param", "algo.lr=choice:1e-3", "--set", "shards.num_cpus=3"], "one trial needs"),
+        (["--param", "shards.count=grid:1,4"], "the trial with shards.count=4 needs"),  # the base config fits
+    ],
+)
+def test_a_trial_larger_than_the_cluster_is_refused_before_any_trial_starts(args, says, ray_session, tmp_path, capsys):
+    code = main(["tune", *args, "--dir", str(tmp_path / "s")])
     err = capsys.readouterr().err
-    assert code == 2 and "one trial needs" in err and "the cluster has" in err
+    assert code == 2 and says in err and "the cluster has" in err
     assert not (tmp_path / "s" / "sweep.yaml").exists()
+
+
+class FourCPUs:
+    """What the fit check reads of Ray: one node of 4 CPUs, no autoscaler."""
+
+    def nodes(self):
+        return [{"Alive": True, "Resources": {"CPU": 4.0}}]
+
+    def cluster_resources(self):
+        return {"CPU": 4.0}
+
+
+def sweep_of(*params: str, sets: tuple[str, ...] = (), scheduler: str = "fifo") -> Sweep:
+    base = to_dict(load_config(None, ["shards.num_cpus=1", "learner.num_cpus=1", *sets]))
+    return Sweep(base, dict(p.split("=", 1) for p in params), "/nowhere", scheduler=scheduler)
+
+
+def test_each_trial_asks_for_a_placement_group_sized_from_its_own_config():
+    trainable = trainable_of(sweep_of("shards.count=grid:1,3", "learner.num_cpus=choice:1,2"))
+    for count, learner in ((1, 1), (3, 2)):
+        group = trainable.default_resource_request({"shards.count": count, "learner.num_cpus": learner})
+        coordinator, *shards, evaluation, rank = group.bundles  # eval_return: an evaluation shard
+        assert coordinator == {"CPU": 0.1} and shards == [{"CPU": 1.0}] * count
+        assert evaluation == {"CPU": 1.0} and rank == {"CPU": float(learner)}
+
+
+@pytest.mark.parametrize(
+    "params, says",
+    [
+        (["shards.count=grid:1,8"], "the trial with shards.count=8 needs 10.1 CPU and the cluster has 4 CPU"),
+        (["shards.count=randint:1:3", "eval.shards=choice:1,2"], "with shards.count=1, eval.shards=2 needs 4.1 CPU"),
+        (["shards.num_cpus=uniform:0.5:5"], "one of the shards asks for 5 CPU and no node of this cluster has"),
+        (["algo.lr=uniform:1e-4:1e-3", "learner.num_cpus=loguniform:1:8"], "one of the learner ranks asks for 8 CPU"),
+    ],
+)
+def test_a_search_space_with_a_trial_that_can_never_fit_is_refused_naming_that_trial(params, says):
+    sweep = sweep_of(*params)
+    check_sweep(sweep)  # a valid search space
+    with pytest.raises(ResourceError, match=re.escape(says)):
+        refuse_unfittable(extreme_trials(sweep.base, sweep.parsed, sweep.metric), FourCPUs())
+
+
+def test_a_search_space_whose_every_trial_fits_is_accepted_and_sizes_an_embedded_ray_for_its_largest_trial():
+    params = ("shards.count=grid:1,2", "learner.num_cpus=uniform:0.5:1", "algo.lr=loguniform:1e-4:1e-3")
+    sweep = sweep_of(*params, sets=("shards.num_cpus=0.5",))
+    trials = extreme_trials(sweep.base, sweep.parsed, sweep.metric)
+    assert [values for values, _ in trials] == [  # algo.lr does not change what a trial asks for
+        {"shards.count": count, "learner.num_cpus": cpus} for count in (1, 2) for cpus in (0.5, 1)
+    ]
+    refuse_unfittable(trials, FourCPUs())
+    assert largest(trials).shards.count == 2 and largest(trials).learner.num_cpus == 1
+
+
+def test_asha_lets_the_trial_with_the_most_reports_run_to_its_end():
+    sweep = sweep_of("shards.count=grid:1,2", sets=("shards.count=2",), scheduler="asha")  # 1 shard: 2x the reports
+    trials = extreme_trials(sweep.base, sweep.parsed, sweep.metric)
+    reports = {values["shards.count"]: planned_reports(config) for values, config in trials}
+    assert reports[1] > reports[2] and scheduler_of(sweep, trials)._max_t == reports[1]
 
 
 def test_a_checkpoint_handed_to_tune_is_self_contained_and_verified_when_handed_back(tmp_path):
@@ -183,3 +261,16 @@ def test_pbt_exploit_restores_the_donors_checkpoint_with_the_mutated_learning_ra
     iterations = [row["iteration"] for row in rows]
     assert iterations == sorted(set(iterations)) and iterations[-1] == 4  # continued from checkpoints, to the end
     assert "resuming" in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_trial_whose_param_sets_shards_count_gets_a_placement_group_of_its_own_size_and_runs(head, tmp_path):
+    experiment = tmp_path / "shards"
+    command = [RAYSIM, "tune", "--param", "shards.count=grid:2", *TINY, "--set=resources_timeout=60"]
+    command += ["--max-failures", "0", "--dir", str(experiment), "--address", head.address]
+    done = subprocess.run(command, env=head.env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ((trial, state),) = trial_states(experiment).items()
+    assert state["status"] == "TERMINATED"
+    rows = metrics_rows(experiment / "trials" / trial)  # 2 shards of 8 rows x 128 steps per iteration
+    assert [row["env_steps"] for row in rows] == [2048, 4096]

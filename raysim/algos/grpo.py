@@ -9,6 +9,10 @@ optional KL penalty toward a frozen copy of the initial actor and an entropy bon
 
 A truncated episode (the env's step limit, or ``num_steps`` of the round) counts with its return
 so far: there is no critic, so nothing is bootstrapped.
+
+With ``max_policy_lag > 0`` a round may have been played by an older policy than the learner's: it is
+trained as PPO trains a lagging chunk, decoupled (``raysim.algos.decoupled``): the ratio around the
+learner's policy at the start of the update, each sample weighted by the truncated importance weight.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from raysim.algos.base import Algorithm, Collectives
+from raysim.algos.decoupled import decouple, importance_weighted
 from raysim.algos.epochs import Batch, concat, transitions
 from raysim.algos.ppo import clipped_objective, ratio_metrics
 from raysim.models import Actor, ActorCritic
@@ -48,6 +53,7 @@ class GRPOConfig:
     max_policy_lag: int = setting(
         0, help="policy versions a chunk may lag its update (0: lockstep; 1: collect during the update)", low=0
     )
+    max_is_weight: float = setting(2.0, help="truncation of a lagging chunk's importance weight (decoupled PPO)", low=1)
 
 
 def group_advantages(
@@ -79,7 +85,7 @@ def grpo_loss(actor: Actor, batch: Batch, config: GRPOConfig, reference: Actor |
     newlogprob, entropy = actor.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
     logratio = newlogprob - batch["logprobs"]
 
-    pg_loss = -clipped_objective(logratio, batch["advantages"], config.clip_coef).mean()
+    pg_loss = -importance_weighted(clipped_objective(logratio, batch["advantages"], config.clip_coef), batch).mean()
 
     kl = torch.zeros((), device=newlogprob.device)
     if config.kl_coef > 0 and reference is not None:
@@ -119,12 +125,13 @@ class GRPO(Algorithm):
             )
 
     def batch(self, chunks: list[RolloutChunk]) -> Batch:
-        """Every valid transition with its member's group advantage."""
+        """Every valid transition with its member's group advantage (decoupled where a round lags)."""
         parts = []
         for chunk in chunks:
             part = transitions(chunk)
             part["advantages"] = chunk_advantages(chunk, self.config)[chunk.mask]
             parts.append(part)
+        decouple(parts, chunks, self.version, self.model.actor, self.config.max_is_weight)  # max_policy_lag > 0
         return concat(parts)
 
     def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

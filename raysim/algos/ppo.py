@@ -5,13 +5,10 @@ Names follow CleanRL's ppo.py, and the metrics carry the same names as the varia
 ``PPO.update`` (``raysim.algos.base``): advantages by GAE with the terminal-value bootstrap
 (``raysim.rollout.advantages``), then ``update_epochs`` epochs of ``num_minibatches`` minibatches.
 
-With ``max_policy_lag > 0`` chunks may have been collected by an older policy than the learner's, one
-whole update (many epochs) behind: a ratio clipped around that acting policy leaves most samples
-outside the clip range before the first step. The update is then *decoupled PPO* (Hilton et al. 2021,
-as RLlib's APPO): the ratio is taken to the learner's own policy at the start of the update (the
-proximal policy, ``logprobs``) and each sample's objective is weighted by the proximal policy's
-probability over the acting one's, truncated at ``max_is_weight`` (``is_weights``). A chunk collected
-by the learner's current policy (every chunk in lockstep) is plain PPO: the acting policy is the proximal one.
+With ``max_policy_lag > 0`` chunks may have been collected by an older policy than the learner's: the
+update is then *decoupled PPO* (``raysim.algos.decoupled``, shared with GRPO): the ratio is taken to the
+learner's own policy at the start of the update and each sample weighted by the truncated importance
+weight. A chunk collected by the learner's current policy (every chunk in lockstep) is plain PPO.
 """
 
 from __future__ import annotations
@@ -22,13 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from raysim.algos.base import Algorithm, Collectives
+from raysim.algos.decoupled import decouple, importance_weighted
 from raysim.algos.epochs import Batch, concat, transitions
 from raysim.algos.guard import GuardedStep
 from raysim.algos.reward_scale import RewardScale
 from raysim.models import ActorCritic
 from raysim.rollout import FixedSteps, RolloutChunk
 from raysim.rollout.advantages import chunk_values, gae
-from raysim.rollout.inference import inference
 from raysim.schema import setting
 
 
@@ -109,9 +106,7 @@ def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch
     advantages = batch["advantages"]
     if config.norm_adv and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    objective = clipped_objective(logratio, advantages, config.clip_coef)
-    if "is_weights" in batch:  # decoupled PPO: the proximal policy is not the one that acted
-        objective = objective * batch["is_weights"]
+    objective = importance_weighted(clipped_objective(logratio, advantages, config.clip_coef), batch)
     pg_loss = -objective.mean()
 
     newvalue = model.critic(batch["obs"])
@@ -156,7 +151,7 @@ class PPO(Algorithm):
 
     def batch(self, chunks: list[RolloutChunk]) -> Batch:
         """Values, GAE advantages and returns (advantages + values) of every valid transition."""
-        parts, decoupled = [], any(chunk.policy_version < self.version for chunk in chunks)
+        parts = []
         for chunk in chunks:
             part, valid = transitions(chunk), chunk.mask
             values, next_values = chunk_values(self.model.critic, chunk)
@@ -164,19 +159,9 @@ class PPO(Algorithm):
             reward = chunk.reward if self.reward_scale is None else self.reward_scale.scale(chunk.reward)
             advantages = gae(reward, values, next_values, done, valid, self.config.gamma, self.config.gae_lambda)
             part.update(returns=(advantages + values)[valid], values=values[valid], advantages=advantages[valid])
-            if chunk.policy_version < self.version:  # collected by an older policy (max_policy_lag > 0)
-                part.update(self.proximal(part))
-            elif decoupled:  # beside lagging chunks: the acting policy is the proximal one
-                part.update(is_weights=torch.ones_like(part["logprobs"]))
             parts.append(part)
+        decouple(parts, chunks, self.version, self.model.actor, self.config.max_is_weight)  # max_policy_lag > 0
         return concat(parts)
-
-    def proximal(self, part: Batch) -> Batch:
-        """Decoupled PPO's ``logprobs`` (the learner's policy now) and ``is_weights`` (now over acting, truncated)."""
-        with inference(self.model.actor):
-            logprobs, _ = self.model.actor.log_prob_entropy(part["obs"]["policy"], part["actions"])
-        is_weights = torch.exp(logprobs - part["logprobs"]).clamp(max=self.config.max_is_weight)
-        return {"logprobs": logprobs, "is_weights": is_weights}
 
     def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return ppo_loss(self.model, minibatch, self.config)

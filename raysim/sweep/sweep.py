@@ -6,9 +6,10 @@
 
 The experiment directory (a local path or a ``pyarrow.fs`` URI) holds Tune's state, one raysim run
 directory per trial (``trials/<trial id>``), ``sweep.yaml`` (what ``resume`` rebuilds the sweep
-from) and, at the end, ``best.yaml``. Each trial asks for a placement group: a bundle for the trial's
-coordinator (``TRIAL_CPUS``) and one per role (shards, evaluation shards, learner ranks), checked
-against the cluster before anything starts.
+from) and, at the end, ``best.yaml``. Each trial asks for a placement group sized from its own
+config: a bundle for the trial's coordinator (``TRIAL_CPUS``) and one per role (shards, evaluation shards,
+learner ranks); every trial the search space can make is checked against the cluster before anything
+starts (``raysim.sweep.fit``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +25,23 @@ import yaml
 
 from raysim.composition import ConfigError
 from raysim.config import Config, to_dict
-from raysim.coordinator.cluster import Need, connect, needs, refuse_impossible
+from raysim.coordinator.cluster import connect
 from raysim.coordinator.trainer import planned_iterations
 from raysim.storage import is_uri, open_storage
+from raysim.sweep.fit import (
+    TRIAL_CPUS,
+    extreme_trials,
+    largest,
+    refuse_elastic,
+    refuse_unfittable,
+    resource_params,
+    trial_group,
+)
 from raysim.sweep.space import Param, check_params, config_with, parse_spec
-from raysim.sweep.trial import TRIALS, run_trial, trial_config, trial_trainable
+from raysim.sweep.trial import run_trial, trial_trainable
 
 SCHEDULERS = ("fifo", "asha", "pbt")
 MODES = ("max", "min")
-TRIAL_CPUS = 0.1  # the trial's coordinator: it waits on its roles and writes the run directory
 SWEEP_FILE, BEST_FILE = "sweep.yaml", "best.yaml"
 
 
@@ -70,30 +80,29 @@ def check_sweep(sweep: Sweep) -> None:
         raise ConfigError(f"--samples must be >= 1, got {sweep.samples}")
     params = sweep.parsed
     check_params(sweep.base, params)
+    refuse_elastic(sweep.base, params)
     if sweep.scheduler == "pbt":
-        if not params:
-            raise ConfigError("--scheduler pbt needs at least one --param to mutate")
-        fixed = [p.key for p in params if p.kind == "grid" or p.key.split(".")[0] in ("model", "env")]
-        if fixed:
-            raise ConfigError(
-                f"--scheduler pbt mutates running trials, so it cannot search {fixed[0]} (a grid, or a model or env "
-                "key: a cloned checkpoint would not fit it); use asha or fifo for it"
-            )
+        check_mutations(sweep, params)
+    extreme_trials(sweep.base, params, sweep.metric)  # every combination of the resource parameters is a valid config
 
 
-def trial_needs(config: Config) -> list[Need]:
-    """What one trial asks for: its coordinator, then its role actors (none with ``backend: local``)."""
-    coordinator = Need("trial coordinators", 1, {"CPU": TRIAL_CPUS}, f"a fixed {TRIAL_CPUS:g} CPU")
-    return [coordinator, *(needs(config) if config.backend == "ray" else [])]
-
-
-def trial_bundles(config: Config) -> list[dict[str, float]]:
-    """The placement group of one trial: a bundle per actor of ``trial_needs``."""
-    bundles = []
-    for need in trial_needs(config):
-        each = {k: v for k, v in need.each.items() if v > 0}
-        bundles += [each] * need.count if each else []
-    return bundles
+def check_mutations(sweep: Sweep, params: list[Param]) -> None:
+    """What PBT can mutate: not a grid, a model or env key (a cloned checkpoint would not fit it), or a key that
+    changes what a trial asks Ray for (its placement group is fixed when it starts)."""
+    if not params:
+        raise ConfigError("--scheduler pbt needs at least one --param to mutate")
+    fixed = [p.key for p in params if p.kind == "grid" or p.key.split(".")[0] in ("model", "env")]
+    if fixed:
+        raise ConfigError(
+            f"--scheduler pbt mutates running trials, so it cannot search {fixed[0]} (a grid, or a model or env "
+            "key: a cloned checkpoint would not fit it); use asha or fifo for it"
+        )
+    resources = resource_params(sweep.base, params, sweep.metric)
+    if resources:
+        raise ConfigError(
+            f"--scheduler pbt mutates running trials, so it cannot search {resources[0].key}: it changes what a "
+            "trial asks Ray for, and a trial's placement group is fixed when it starts; use asha or fifo for it"
+        )
 
 
 def planned_reports(config: Config) -> int:
@@ -101,14 +110,15 @@ def planned_reports(config: Config) -> int:
     return math.ceil(planned_iterations(config) / config.train.log_every) + 1
 
 
-def scheduler_of(sweep: Sweep, config: Config) -> Any:
-    """Tune's trial scheduler for ``--scheduler``: on ``training_iteration``, one per report."""
+def scheduler_of(sweep: Sweep, trials: list[tuple[dict[str, Any], Config]]) -> Any:
+    """Tune's trial scheduler for ``--scheduler``: on ``training_iteration``, one per report (ASHA's ``max_t``: the
+    most reports of the ``extreme_trials``; fewer shards, smaller batches, more of them)."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     if sweep.scheduler == "asha":
         return ASHAScheduler(
             time_attr="training_iteration",
-            max_t=max(planned_reports(config), sweep.grace_period + 1),
+            max_t=max(*(planned_reports(config) for _, config in trials), sweep.grace_period + 1),
             grace_period=sweep.grace_period,
             reduction_factor=sweep.reduction_factor,
         )
@@ -123,12 +133,12 @@ def scheduler_of(sweep: Sweep, config: Config) -> Any:
     return FIFOScheduler()
 
 
-def trainable_of(sweep: Sweep, config: Config) -> Any:
-    """``run_trial`` with the sweep's base config, in its placement group."""
+def trainable_of(sweep: Sweep) -> Any:
+    """``run_trial`` with the sweep's base config, each trial in a placement group sized from its own config."""
     from ray import tune
 
     bound = tune.with_parameters(run_trial, base=sweep.base, experiment=sweep.experiment, metric=sweep.metric)
-    return tune.with_resources(trial_trainable(bound), tune.PlacementGroupFactory(trial_bundles(config)))
+    return tune.with_resources(trial_trainable(bound), partial(trial_group, base=sweep.base, metric=sweep.metric))
 
 
 def experiment_location(path: str | None, name: str) -> str:
@@ -199,18 +209,18 @@ def load_sweep(experiment: str) -> Sweep:
 
 
 def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
-    """Connect to Ray, check that one trial fits, run (or restore and continue) the Tuner, write ``best.yaml``."""
+    """Connect to Ray, check that every trial fits, run (or restore and continue) the Tuner, write ``best.yaml``."""
     import ray
     from ray import tune as ray_tune
 
-    config = trial_config(sweep.base, {}, f"{sweep.experiment}/{TRIALS}/check", sweep.metric)
+    trials = extreme_trials(sweep.base, sweep.parsed, sweep.metric)
     # each report hands Tune a checkpoint, and Tune then saves its experiment state (what a resume needs)
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    started = connect(config, address, extra_cpus=TRIAL_CPUS)
+    started = connect(largest(trials), address, extra_cpus=TRIAL_CPUS)  # an embedded Ray: room for the largest trial
     try:
-        refuse_impossible(trial_needs(config), ray, what="one trial", settle=10.0)
+        refuse_unfittable(trials, ray)
         storage = open_storage(sweep.experiment)
-        trainable = trainable_of(sweep, config)
+        trainable = trainable_of(sweep)
         if resume:
             tuner = ray_tune.Tuner.restore(sweep.experiment, trainable, resume_unfinished=True, resume_errored=True)
         else:
@@ -223,7 +233,7 @@ def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
                     metric=sweep.metric,
                     mode=sweep.mode,
                     num_samples=sweep.samples,
-                    scheduler=scheduler_of(sweep, config),
+                    scheduler=scheduler_of(sweep, trials),
                     max_concurrent_trials=sweep.max_concurrent,
                 ),
                 run_config=ray_tune.RunConfig(
