@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raysim.cli import main
+from raysim.composition import ConfigError
 from raysim.config import load_config, to_dict
 from raysim.coordinator.cluster import ResourceError
 from raysim.storage import RunLock, open_storage
@@ -135,6 +136,15 @@ def test_a_search_space_whose_every_trial_fits_is_accepted_and_sizes_an_embedded
     ]
     refuse_unfittable(trials, FourCPUs())
     assert largest(trials).shards.count == 2 and largest(trials).learner.num_cpus == 1
+
+
+def test_a_value_valid_only_beside_another_params_values_is_accepted_and_each_combination_checked():
+    sweep = sweep_of("learner.ranks=grid:1,2", "shards.count=grid:2,4")  # ranks 2 alone: the base has 1 shard
+    check_sweep(sweep)
+    trials = extreme_trials(sweep.base, sweep.parsed, sweep.metric)
+    assert sorted((c.learner.ranks, c.shards.count) for _, c in trials) == [(1, 2), (1, 4), (2, 2), (2, 4)]
+    with pytest.raises(ConfigError, match="learner.ranks"):  # no combination makes 3 ranks divide 2 or 4 shards
+        check_sweep(sweep_of("learner.ranks=grid:1,3", "shards.count=grid:2,4"))
 
 
 def test_asha_lets_the_trial_with_the_most_reports_run_to_its_end():

@@ -55,7 +55,10 @@ def resource_params(base: dict, params: list[Param], metric: str) -> list[Param]
     plain = trial_bundles(sized_config(base, {}, metric))
 
     def changes(param: Param) -> bool:
-        return any(trial_bundles(sized_config(base, {param.key: v}, metric)) != plain for v in param.extremes())
+        try:
+            return any(trial_bundles(sized_config(base, {param.key: v}, metric)) != plain for v in param.extremes())
+        except ConfigError:  # valid only beside other parameters' values (``check_params``): a resource key
+            return True
 
     return [param for param in params if changes(param)]
 

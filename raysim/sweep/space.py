@@ -11,6 +11,7 @@ option) before a sweep starts, so a wrong key or a value outside its range is on
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -126,11 +127,33 @@ def config_with(base: dict, values: dict[str, Any], where: str = "sweep") -> Con
 
 
 def check_params(base: dict, params: list[Param]) -> None:
-    """Every parameter's key and each of its extreme values against the schema (the first problem raised)."""
+    """Every parameter's key and each of its extreme values against the schema (the first problem raised).
+
+    A value that is invalid with the base config alone is accepted when some extremes of the other parameters
+    make it valid (``learner.ranks=grid:1,2`` beside ``shards.count=grid:2,4`` on a base of one shard).
+    """
     seen = set()
     for param in params:
         if param.key in seen:
             raise ConfigError(f"--param {param.key} is given twice")
         seen.add(param.key)
         for value in param.extremes():
-            config_with(base, {param.key: value}, where=f"--param {param.key}={param.spec}")
+            try:
+                config_with(base, {param.key: value}, where=f"--param {param.key}={param.spec}")
+            except ConfigError:
+                if not valid_with_others(base, params, param, value):
+                    raise
+
+
+def valid_with_others(base: dict, params: list[Param], param: Param, value: Any, most: int = 1024) -> bool:
+    """Whether ``param`` = ``value`` is a valid config beside some combination of the other parameters' extremes
+    (the first ``most`` combinations tried)."""
+    others = [p for p in params if p.key != param.key]
+    for combination in itertools.islice(itertools.product(*(p.extremes() for p in others)), most):
+        values = {param.key: value, **{p.key: v for p, v in zip(others, combination, strict=True)}}
+        try:
+            config_with(base, values)
+            return True
+        except ConfigError:
+            continue
+    return False
