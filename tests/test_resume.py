@@ -216,3 +216,13 @@ def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_sa
     assert w0["version"] == w1["version"] == 2
     assert all(torch.equal(w0["actor"][k], w1["actor"][k]) for k in w0["actor"])
     assert state["version"] == 1
+
+
+def test_overrides_given_to_a_resume_become_part_of_the_runs_config(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    raysim.Trainer(raysim.load_config(None, [*TINY, "train.stop_after=2", f"run_dir={run_dir}"])).train()
+    raysim.Trainer.from_run_dir(run_dir, overrides=["train.total_steps=1536", "train.stop_after=1"]).train()
+    out = capsys.readouterr().out
+    assert raysim.Trainer.from_run_dir(run_dir).train().env_steps == 1536  # a plain resume: the new budget
+    assert raysim.load_config(run_dir / "configs" / "train.yaml").train.total_steps == 1536
+    assert "train.total_steps=1536" in out  # said in one line
