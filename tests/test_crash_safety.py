@@ -388,6 +388,8 @@ def test_a_run_killed_before_its_first_checkpoint_is_resumed_by_starting_it_over
 def test_a_run_failing_before_its_first_iteration_leaves_no_run_directory(tmp_path, capsys):
     run_dir = tmp_path / "run"
     sets = ["env.id=tests.support.crashing:NaNRewards", "env.kwargs={every: 5}", "eval.episodes=0"]
-    assert main(["train", "--local", "--run-dir", str(run_dir), *[a for s in [*TINY, *sets] for a in ("--set", s)]]) == 1
+    assert (
+        main(["train", "--local", "--run-dir", str(run_dir), *[a for s in [*TINY, *sets] for a in ("--set", s)]]) == 1
+    )
     assert "no iteration had completed" in capsys.readouterr().err
     assert not run_dir.exists()

@@ -146,7 +146,9 @@ def _train_trial(values: dict[str, Any], *, base: dict, experiment: str, metric:
         refusal = resume_refusal(meta, config)
         if refusal:
             raise ConfigError(f"trial {run_dir} cannot continue the checkpoint Tune handed it: {refusal}")
-        saved = Checkpoints(storage).save(int(meta["iteration"]), state, meta)
+        checkpoints = Checkpoints(storage)  # its timeline from the handed iteration on (PBT: its own) is abandoned
+        checkpoints.retire_after(int(meta["iteration"]) - 1)  # before the handed one is written
+        saved = checkpoints.save(int(meta["iteration"]), state, meta)
         point = ResumePoint(saved, state, meta, new_config=True)
         trainer = Trainer(config, resume=point, reporter=reporter)
     summary = trainer.train()
