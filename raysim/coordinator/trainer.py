@@ -173,7 +173,8 @@ class Trainer:
         ``config``: the run's own snapshot by default; or the original declaration; or an env
         config (such as the run's ``configs/gym.yaml``) that replaces the snapshot's env. An env
         whose identity differs from the checkpoint's is refused, listing every differing key,
-        unless ``force``; a model or algorithm that differs is always refused.
+        unless ``force``; a model or algorithm that differs is always refused. What ``overrides``
+        change is kept in the run's snapshot. A run without a checkpoint starts over from its configs.
         """
         run_dir = str(run_dir) if is_uri(str(run_dir)) else str(Path(run_dir).resolve())
         storage = open_storage(run_dir)
