@@ -9,7 +9,7 @@ and ``newest_intact`` falls back to the one before. Checkpoints written before m
 as *unverified* (said once). ``torch.load(weights_only=True)`` refuses a file that carries pickled
 code. An evaluation of a checkpoint's own weights is recorded beside it (``score.json``); the best
 scored intact checkpoint is kept when older ones are pruned. A run continued from a checkpoint retires
-the newer ones (``retire_after``): they belong to an abandoned timeline, and pruning sees only the live one.
+the newer ones (``retire_after``, ``retire``): they belong to an abandoned timeline, and pruning sees only the live one.
 """
 
 from __future__ import annotations
@@ -181,10 +181,15 @@ class Checkpoints:
                 self.storage.remove(f"{ROOT}/{name}")
 
     def retire_after(self, iteration: int) -> list[Checkpoint]:
-        """Retire every checkpoint of an iteration after ``iteration``, from which the run continues: they belong
-        to an abandoned timeline. Locally they move to ``checkpoints/abandoned/<time>-<name>`` (names come round
-        again); object stores cannot rename: every completion marker goes first, then the rest. Said in one line."""
-        retired = [c for c in reversed(self.list()) if c.iteration > iteration]  # newest first
+        """Retire every checkpoint of an iteration after ``iteration``, from which the run continues."""
+        later = [c for c in self.list() if c.iteration > iteration]
+        return self.retire(later, f"newer than iteration {iteration}, where the run continues")
+
+    def retire(self, checkpoints: list[Checkpoint], why: str) -> list[Checkpoint]:
+        """Retire ``checkpoints``, which belong to an abandoned timeline (``why``), said in one line. Locally they
+        move to ``checkpoints/abandoned/<time>-<name>`` (names come round again); object stores cannot rename:
+        every completion marker goes first, newest first, then the rest."""
+        retired = sorted(checkpoints, reverse=True)
         if not retired:
             return []
         if self.storage.can_rename:
@@ -200,8 +205,7 @@ class Checkpoints:
             done = "removed"
         which = ", ".join(c.name for c in reversed(retired))
         what = f"checkpoints {which} are" if len(retired) > 1 else f"checkpoint {which} is"
-        where = f"newer than iteration {iteration}, where the run continues (an abandoned timeline)"
-        print(f"raysim: {what} {where}: {done}", flush=True)
+        print(f"raysim: {what} {why} (an abandoned timeline): {done}", flush=True)
         return retired
 
     def _aside(self, stamp: str, checkpoint: Checkpoint) -> str:

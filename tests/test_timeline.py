@@ -145,30 +145,46 @@ def test_a_learner_restarted_from_an_older_checkpoint_retires_the_newer_ones_bef
     assert Checkpoints(LocalStorage(run_dir)).newest_intact(announce=False)[0].iteration == 6
 
 
-def test_a_pbt_exploit_makes_the_donors_checkpoint_the_head_of_the_trials_timeline(tmp_path, monkeypatch):
-    """Tune's exploit path without Tune: the trial function is handed the donor's checkpoint (iteration 4)
-    in a trial directory that holds its own checkpoints up to iteration 8."""
+@pytest.fixture
+def trial_runner(tmp_path, monkeypatch):
+    """Tune's trial path without Tune: ``run(trial_id, handed, **values)`` runs the trial function as Tune would,
+    handing it ``handed`` (a checkpoint directory, or None); it reports nothing to Tune."""
     tune = pytest.importorskip("ray.tune")
     from raysim.sweep.trial import _train_trial
 
     base = to_dict(raysim.load_config(None, [*TINY, "checkpoint.keep_last=2"]))
-    experiment = str(tmp_path / "experiment")
     trial = {"id": "", "checkpoint": None}
     context = type("Context", (), {"get_trial_id": lambda self: trial["id"]})()
     monkeypatch.setattr(tune, "get_context", lambda: context)
     monkeypatch.setattr(tune, "get_checkpoint", lambda: trial["checkpoint"])
 
-    def run(trial_id: str, **values) -> Path:
-        trial["id"] = trial_id
-        _train_trial(values, base=base, experiment=experiment, metric="never_reported")  # no report to Tune
+    def run(trial_id: str, handed: Path | None = None, **values) -> Path:
+        trial["id"], trial["checkpoint"] = trial_id, tune.Checkpoint.from_directory(str(handed)) if handed else None
+        _train_trial(values, base=base, experiment=str(tmp_path / "experiment"), metric="never_reported")
         return tmp_path / "experiment" / "trials" / trial_id
 
-    donor = run("donor", seed=5, **{"train.stop_after": 4})
-    own = run("trial", **{"train.stop_after": 8})
-    assert names(own) == ["7", "8"]
-    handed = copy_files(LocalStorage(donor), Checkpoints(LocalStorage(donor)).list()[-1], tmp_path / "handed")
-    trial["checkpoint"] = tune.Checkpoint.from_directory(str(handed))
-    run("trial", **{"train.stop_after": 2})  # the exploit: the donor's weights, then two iterations
-    assert names(own) == ["5", "6"] and abandoned(own) == ["7", "8"]
-    checkpoint, state, meta = Checkpoints(LocalStorage(own)).newest_intact(announce=False)
+    return run
+
+
+def newest_copy(run_dir: Path, folder: Path) -> Path:
+    """The newest checkpoint of a trial, as Tune holds it (a self-contained copy)."""
+    return copy_files(LocalStorage(run_dir), Checkpoints(LocalStorage(run_dir)).list()[-1], folder)
+
+
+@pytest.mark.parametrize("own_until", [8, 2])  # the trial ahead of the donor's iteration 4, and behind it
+def test_a_pbt_exploit_makes_the_donors_checkpoint_the_head_of_the_trials_timeline(tmp_path, trial_runner, own_until):
+    donor = trial_runner("donor", seed=5, **{"train.stop_after": 4})
+    own = trial_runner("trial", **{"train.stop_after": own_until})
+    before = names(own)
+    (own / "checkpoints" / before[0] / "score.json").write_text(json.dumps({"eval_return": 1e6}))  # its best
+    trial_runner("trial", newest_copy(donor, tmp_path / "handed"), **{"train.stop_after": 2})  # the exploit
+    assert names(own) == ["5", "6"] and abandoned(own) == before  # its own checkpoints: another timeline
+    checkpoint, _, meta = Checkpoints(LocalStorage(own)).newest_intact(announce=False)
     assert checkpoint.iteration == 6 and meta["env_steps"] == 6 * 128
+
+
+def test_a_trial_handed_back_its_own_newest_checkpoint_continues_its_own_timeline(tmp_path, trial_runner, capsys):
+    own = trial_runner("trial", **{"train.stop_after": 4})
+    trial_runner("trial", newest_copy(own, tmp_path / "handed"), **{"train.stop_after": 2})  # a Tune retry
+    assert names(own) == ["5", "6"] and abandoned(own) == []
+    assert "abandoned timeline" not in capsys.readouterr().out
