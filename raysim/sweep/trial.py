@@ -101,7 +101,8 @@ def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
     for own in checkpoints.complete():
         if own.iteration == iteration and marker is not None and storage.read(f"{own.rel}/{MANIFEST}") == marker:
             return ResumePoint(own, state, meta, new_config=True)
-    checkpoints.retire(checkpoints.list(), f"of the trial before it took over another's (iteration {iteration})")
+    why = f"the trial's own, from before it took over another trial's checkpoint {iteration}"
+    checkpoints.retire(checkpoints.list(), why)
     return ResumePoint(checkpoints.save(iteration, state, meta), state, meta, new_config=True)
 
 
