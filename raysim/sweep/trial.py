@@ -6,7 +6,8 @@ the trial's child actors), so trials never oversubscribe the cluster. Its run di
 ``<experiment>/trials/<trial id>``. At every log step it reports the run's metrics to Tune with the
 checkpoint of that iteration (copied out as a self-contained directory, manifest included); Tune
 hands such a checkpoint back to restore a trial (a retry, an experiment resumed, PBT's exploit), and
-the trial verifies it, saves it into its own run directory and resumes from it exactly. The trial's
+the trial verifies it and resumes from it exactly: from its own copy when it is the trial's own, else
+(another trial's) saved into its run directory once the trial's own checkpoints are retired. The trial's
 own config (a PBT mutation) wins: the learner sets its learning rate from the config at every update.
 
 A trial's run closes (metrics merged, actors released, lock given back) before Tune hears of its end:
@@ -98,8 +99,8 @@ def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
         raise ConfigError(f"trial {storage.location} cannot continue the checkpoint Tune handed it: {refusal}")
     checkpoints, iteration = Checkpoints(storage), int(meta["iteration"])
     marker = (folder / MANIFEST).read_bytes() if (folder / MANIFEST).exists() else None
-    for own in checkpoints.complete():
-        if own.iteration == iteration and marker is not None and storage.read(f"{own.rel}/{MANIFEST}") == marker:
+    for own in (c for c in checkpoints.complete() if c.iteration == iteration and marker is not None):
+        if storage.exists(f"{own.rel}/{MANIFEST}") and storage.read(f"{own.rel}/{MANIFEST}") == marker:
             return ResumePoint(own, state, meta, new_config=True)
     why = f"the trial's own, from before it took over another trial's checkpoint {iteration}"
     checkpoints.retire(checkpoints.list(), why)
