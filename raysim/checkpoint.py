@@ -8,7 +8,8 @@ it: a mismatch, a truncated or unreadable file makes the checkpoint *damaged*, n
 and ``newest_intact`` falls back to the one before. Checkpoints written before manifests existed load
 as *unverified* (said once). ``torch.load(weights_only=True)`` refuses a file that carries pickled
 code. An evaluation of a checkpoint's own weights is recorded beside it (``score.json``); the best
-scored checkpoint is kept when older ones are pruned.
+scored intact checkpoint is kept when older ones are pruned. A run continued from a checkpoint retires
+the newer ones (``retire_after``, ``retire``): they belong to an abandoned timeline, and pruning sees only the live one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import io
 import json
 import platform
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -31,6 +33,7 @@ from raysim.storage import RunStorage, Staging, open_storage
 ROOT = "checkpoints"
 MANIFEST, STATE, META, SCORE = "manifest.json", "state.pt", "meta.json", "score.json"
 FORMAT = 2  # meta.json's "checkpoint_format": 2 and later have a manifest
+ABANDONED = "abandoned"  # checkpoints/abandoned/<time>-<name>: checkpoints of abandoned timelines (local runs)
 _NAME = re.compile(r"^(\d+)(?:\.(\d+))?$")
 _warned_unverified: set[str] = set()
 
@@ -156,14 +159,20 @@ class Checkpoints:
             return None
         return float(value) if isinstance(value, (int, float)) else None
 
+    def complete(self) -> list[Checkpoint]:
+        """The checkpoints whose save finished (their completion marker exists; intact or not), oldest first."""
+        return [c for c in self.list() if self._complete(c)]
+
     def prune(self, keep_last: int) -> None:
-        """Keep the newest ``keep_last`` complete checkpoints and the best scored one; drop the rest, and the
-        leftovers of saves that were killed (staging directories, incomplete checkpoints older than those kept)."""
-        complete = [c for c in self.list() if self._complete(c)]
+        """Keep the newest ``keep_last`` complete checkpoints and the best scored intact one; drop the rest, and
+        the leftovers of saves that were killed (staging directories, incomplete checkpoints older than those kept)."""
+        complete = self.complete()
         keep = set(complete[-max(1, keep_last) :])
         scored = [(s, c) for c in complete if (s := self.score(c)) is not None]
-        if scored:
-            keep.add(max(scored)[1])
+        for _, best in sorted(scored, reverse=True):  # a damaged one is never kept for its score
+            if best in keep or self._intact(best):
+                keep.add(best)
+                break
         for checkpoint in self.list():
             if checkpoint not in keep:  # the run is locked: nothing else is writing one
                 self.storage.remove(checkpoint.rel)
@@ -171,7 +180,49 @@ class Checkpoints:
             if name.startswith(Staging.PREFIX):
                 self.storage.remove(f"{ROOT}/{name}")
 
+    def retire_after(self, iteration: int) -> list[Checkpoint]:
+        """Retire every checkpoint of an iteration after ``iteration``, from which the run continues."""
+        later = [c for c in self.list() if c.iteration > iteration]
+        return self.retire(later, f"newer than iteration {iteration}, where the run continues")
+
+    def retire(self, checkpoints: list[Checkpoint], why: str) -> list[Checkpoint]:
+        """Retire ``checkpoints``, which belong to an abandoned timeline (``why``), said in one line. Locally they
+        move to ``checkpoints/abandoned/<time>-<name>`` (names come round again); object stores cannot rename:
+        every completion marker goes first, newest first, then the rest."""
+        retired = sorted(checkpoints, reverse=True)
+        if not retired:
+            return []
+        if self.storage.can_rename:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            for checkpoint in retired:
+                self.storage.rename(checkpoint.rel, self._aside(stamp, checkpoint))
+            done = f"moved to {self.storage.path(f'{ROOT}/{ABANDONED}')}/"
+        else:
+            for checkpoint in retired:  # none of them is complete any more before anything else goes
+                self.storage.remove(f"{checkpoint.rel}/{MANIFEST}")
+            for checkpoint in retired:
+                self.storage.remove(checkpoint.rel)
+            done = "removed"
+        which = ", ".join(c.name for c in reversed(retired))
+        what = f"checkpoints {which} are" if len(retired) > 1 else f"checkpoint {which} is"
+        print(f"raysim: {what} {why} (an abandoned timeline): {done}", flush=True)
+        return retired
+
+    def _aside(self, stamp: str, checkpoint: Checkpoint) -> str:
+        """A name under ``checkpoints/abandoned/`` that is not taken."""
+        rel, n = f"{ROOT}/{ABANDONED}/{stamp}-{checkpoint.name}", 1
+        while self.storage.exists(rel):
+            rel, n = f"{ROOT}/{ABANDONED}/{stamp}.{n}-{checkpoint.name}", n + 1
+        return rel
+
     # -- reading ---------------------------------------------------------------------------------
+
+    def _intact(self, checkpoint: Checkpoint) -> bool:
+        try:
+            self.verified_files(checkpoint)
+        except CheckpointError:
+            return False
+        return True
 
     def _path(self, checkpoint: Checkpoint, name: str = "") -> str:
         return self.storage.path(f"{checkpoint.rel}/{name}" if name else checkpoint.rel)

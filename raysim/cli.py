@@ -143,7 +143,8 @@ def add_resume(commands, common) -> None:
         description="Continue RUN_DIR (also after it was moved or copied) from its newest intact checkpoint, "
         "with the run's own config snapshot, or with --config: the original declaration, a whole run "
         "config, or an env config such as RUN_DIR/configs/gym.yaml. An env that differs from the "
-        "checkpoint's is refused, listing every differing key.",
+        "checkpoint's is refused, listing every differing key. What --set changes is kept in the run's config. "
+        "A run stopped before its first checkpoint starts over from its configs.",
     )
     resume.add_argument("run_dir", metavar="RUN_DIR")
     resume.add_argument("--config", help="config to resume with (default: RUN_DIR/configs/train.yaml)")

@@ -401,3 +401,24 @@ def test_checkpoints_are_saved_by_wall_time_too(tmp_path):
     assert [c.iteration for c in Checkpoints(LocalStorage(run_dir)).list()] == [1, 2, 3, 4, 5, 6]
     defaults = raysim.load_config(None).checkpoint
     assert defaults.every > 0 and defaults.every_seconds > 0  # periodic checkpoints without being asked
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_resumed_by_starting_it_over(tmp_path, straight, capsys):
+    run_dir = tmp_path / "run"
+    killed = train_cli(run_dir, fault="update:1:kill")
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert (run_dir / "configs" / "train.yaml").is_file() and not Checkpoints(LocalStorage(run_dir)).list()
+    assert main(["resume", str(run_dir), "--local"]) == 0
+    out = capsys.readouterr().out
+    assert f"{run_dir} has no checkpoint: starting the run over from its configs" in out
+    assert_same_run(run_dir, straight)
+
+
+def test_a_run_failing_before_its_first_iteration_leaves_no_run_directory(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    sets = ["env.id=tests.support.crashing:NaNRewards", "env.kwargs={every: 5}", "eval.episodes=0"]
+    assert (
+        main(["train", "--local", "--run-dir", str(run_dir), *[a for s in [*TINY, *sets] for a in ("--set", s)]]) == 1
+    )
+    assert "no iteration had completed" in capsys.readouterr().err
+    assert not run_dir.exists()

@@ -148,3 +148,35 @@ def test_a_checkpoint_on_s3_without_its_marker_is_incomplete_and_skipped(s3, mon
         checkpoints.save(2, {"version": 2, "w": torch.ones(3)}, {}, before_marker=killed)
     checkpoint, state, _ = checkpoints.newest_intact(announce=False)
     assert checkpoint.iteration == 1 and state["version"] == 1
+
+
+def test_a_checkpoint_on_s3_is_retired_by_deleting_its_marker_first(s3, monkeypatch):
+    import torch
+
+    from raysim.storage import FsStorage
+
+    for key, value in s3.items():
+        monkeypatch.setenv(key, value)
+    storage = open_storage("s3://raysim-test/retire")
+    checkpoints = Checkpoints(storage)
+    for iteration in (1, 2, 3):
+        checkpoints.save(iteration, {"version": iteration, "w": torch.ones(3)}, {})
+
+    class Killed(BaseException):
+        pass
+
+    real = FsStorage.remove
+
+    def killed_after_the_markers(self, rel: str) -> None:
+        if not rel.endswith("manifest.json"):
+            raise Killed
+        real(self, rel)
+
+    monkeypatch.setattr(FsStorage, "remove", killed_after_the_markers)
+    with pytest.raises(Killed):  # the process dies after the markers went, before the rest
+        checkpoints.retire_after(1)
+    monkeypatch.setattr(FsStorage, "remove", real)
+    checkpoint, state, _ = checkpoints.newest_intact(announce=False)
+    assert checkpoint.iteration == 1 and state["version"] == 1  # no abandoned checkpoint is intact
+    checkpoints.retire_after(1)
+    assert [c.name for c in checkpoints.list()] == ["1"]

@@ -256,3 +256,13 @@ def test_a_window_logged_at_a_runs_unplanned_last_iteration_is_not_saved_again(t
     assert summary.stopped_by == "solved" and summary.iterations == 2 and summary.metrics["iteration"] == 2
     _, state, _ = load_latest(tmp_path)
     assert state["window"]["counts"] == {}  # a resume's first row will not count iterations 1 and 2 again
+
+
+def test_overrides_given_to_a_resume_become_part_of_the_runs_config(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    raysim.Trainer(raysim.load_config(None, [*TINY, "train.stop_after=2", f"run_dir={run_dir}"])).train()
+    raysim.Trainer.from_run_dir(run_dir, overrides=["train.total_steps=1536", "train.stop_after=1"]).train()
+    out = capsys.readouterr().out
+    assert raysim.Trainer.from_run_dir(run_dir).train().env_steps == 1536  # a plain resume: the new budget
+    assert raysim.load_config(run_dir / "configs" / "train.yaml").train.total_steps == 1536
+    assert "train.total_steps=1536" in out  # said in one line

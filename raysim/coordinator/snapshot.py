@@ -17,6 +17,9 @@ from raysim.config import Config, to_dict
 from raysim.envs.registry import export_resources
 from raysim.storage import RunStorage, open_storage
 
+SNAPSHOT = "configs/train.yaml"  # the run's config; its env in configs/gym.yaml
+RUNTIME_ONLY = ("run_dir", "train.stop_after")  # settings of one process, never kept in the snapshot
+
 
 def choose_run_dir(config: Config) -> tuple[str, str | None]:
     """Where a new run goes (nothing is created yet) and a note when the default name was taken.
@@ -59,6 +62,24 @@ def write_snapshot(storage: RunStorage, config: Config) -> None:
         storage.write(f"configs/{name}", yaml.safe_dump(data, sort_keys=False).encode())
     if not storage.list("resources"):
         storage.remove("resources")
+
+
+def changed_settings(before: Config, after: Config) -> list[str]:
+    """The settings ``after`` changes from ``before``, as ``key=value`` (runtime-only ones left out)."""
+    old, new = flat(to_dict(before)), flat(to_dict(after))
+    keys = [k for k in sorted(set(old) | set(new)) if k not in RUNTIME_ONLY and old.get(k) != new.get(k)]
+    return [f"{k}={new.get(k)}" for k in keys]
+
+
+def flat(data: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{dotted.key: value}``."""
+    items: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            items.update(flat(value, f"{prefix}{key}."))
+        else:
+            items[f"{prefix}{key}"] = value
+    return items
 
 
 #: Model options that do not change the shapes or meaning of saved weights (only how they start).

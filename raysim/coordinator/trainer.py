@@ -35,7 +35,7 @@ from raysim.coordinator.preflight import check_env_and_model
 from raysim.coordinator.roles import create_learner, create_roles, create_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
-from raysim.coordinator.snapshot import choose_run_dir, resume_refusal, write_snapshot
+from raysim.coordinator.snapshot import SNAPSHOT, changed_settings, choose_run_dir, resume_refusal, write_snapshot
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards
 from raysim.identity import checkpoint_identity, differences, env_identity
 from raysim.learner.group import combined
@@ -80,13 +80,14 @@ class Summary:
 
 @dataclass
 class ResumePoint:
-    """Where a resumed run continues: the checkpoint and its counters."""
+    """Where a resumed run continues: the checkpoint and its counters (no checkpoint: the run starts over)."""
 
-    checkpoint: Checkpoint
+    checkpoint: Checkpoint | None
     state: dict[str, Any]
     meta: dict[str, Any]
     force: bool = False  # the env differs from the checkpoint's and the user insisted
     new_config: bool = False  # the config differs from the run's snapshot (a sweep's mutated hyperparameters)
+    changed: list[str] = field(default_factory=list)  # settings a resume's --set changed: kept in the snapshot
 
 
 class RunFailed(RuntimeError):
@@ -172,13 +173,22 @@ class Trainer:
         ``config``: the run's own snapshot by default; or the original declaration; or an env
         config (such as the run's ``configs/gym.yaml``) that replaces the snapshot's env. An env
         whose identity differs from the checkpoint's is refused, listing every differing key,
-        unless ``force``; a model or algorithm that differs is always refused.
+        unless ``force``; a model or algorithm that differs is always refused. What ``overrides``
+        change is kept in the run's snapshot. A run without a checkpoint starts over from its configs.
         """
         run_dir = str(run_dir) if is_uri(str(run_dir)) else str(Path(run_dir).resolve())
         storage = open_storage(run_dir)
-        checkpoint, state, meta = Checkpoints(storage).newest_intact()
-        config_obj = load_resume_config(storage.local_copy("configs", "resources"), config, overrides or [])
+        checkpoints = Checkpoints(storage)
+        start_over = not checkpoints.complete() and storage.exists(SNAPSHOT)  # stopped before its first checkpoint
+        if not start_over:
+            checkpoint, state, meta = checkpoints.newest_intact()
+        root = storage.local_copy("configs", "resources")
+        config_obj = load_resume_config(root, config, overrides or [])
         config_obj.run_dir = run_dir
+        changed = changed_settings(load_resume_config(root, config, []), config_obj) if overrides else []
+        if start_over:
+            point = ResumePoint(None, {}, {}, changed=changed)
+            return cls(config_obj, address=address, resume=point, break_lock=break_lock)
         refusal = resume_refusal(meta, config_obj)
         if refusal:
             raise ConfigError(f"cannot resume {run_dir}: {refusal}")
@@ -192,7 +202,7 @@ class Trainer:
             if not force:
                 raise ConfigError(f"cannot resume {run_dir}: {message}\nPass --force to resume anyway.")
             print(f"raysim: WARNING: resuming with --force although {message}", flush=True)
-        point = ResumePoint(checkpoint, state, meta, force=identity != saved)
+        point = ResumePoint(checkpoint, state, meta, force=identity != saved, changed=changed)
         return cls(config_obj, address=address, resume=point, break_lock=break_lock)
 
     # -- the run -------------------------------------------------------------------------------
@@ -203,14 +213,17 @@ class Trainer:
         t0 = time.perf_counter()
         self.announce()
         self.sinks_set, lock, started_ray = None, RunLock(self.storage), False
+        created = made = discard = False  # a new run this process locked, its local directory made here, failed
         try:
             if self.resume:  # a second process on the run is refused before Ray starts
                 self._lock(lock)
             self.backend, started_ray = start_backend(self.config, self.address)
             if not self.resume:  # the run directory appears once its roles are sure to fit
                 if self.storage.is_local:
+                    made = not Path(self.run_dir).exists()
                     Path(self.run_dir).mkdir(parents=True, exist_ok=True)
                 self._lock(lock)
+                created = True
             with StopSignals() as self.signals:
                 try:
                     self._prepare()
@@ -220,10 +233,15 @@ class Trainer:
                         0, 0, 0.0, time.perf_counter() - t0, str(self.run_dir), interrupted=True, stopped_by=stop.name
                     )
                 return self._run(time.perf_counter() - t0)
+        except Exception:
+            discard = created and (getattr(self, "ready", None) is None or self.ready.state.iteration == 0)
+            raise
         finally:
             if self.sinks_set is not None:  # also when training failed: the console line ends, files are closed
                 self.sinks_set.close()
             self._release_roles()
+            if discard:  # failed before its first iteration: nothing in it can be used
+                self._discard_run_dir(lock, made)
             lock.release()  # only if this process holds it
             self.storage.close()
             if started_ray:
@@ -236,6 +254,21 @@ class Trainer:
         if self.note:
             print(f"raysim: {self.note}", flush=True)
             self.note = None
+
+    def _discard_run_dir(self, lock: RunLock, made: bool) -> None:
+        """Remove what this new run created in its run directory (which held nothing before it: ``choose_run_dir``),
+        the lock last, and the directory if it ``made`` it; nothing if another process took the lock over."""
+        holder = lock.holder() or {}
+        if holder.get("token") != lock.token:
+            return
+        for name in self.storage.list(""):
+            if name != RunLock.FILE:
+                self.storage.remove(name)
+        lock.release()
+        if made:
+            Path(self.run_dir).rmdir()
+        what = self.run_dir if made else f"what the run wrote in {self.run_dir}"
+        print(f"raysim: removed {what}: the run failed before its first iteration completed", flush=True)
 
     def _lock(self, lock: RunLock) -> None:
         note = lock.acquire(force=self.break_lock)
@@ -525,18 +558,29 @@ class Trainer:
         return Ready(RunState(), [], [])
 
     def _restore(self) -> Ready:
-        """Load the checkpoint into every learner rank and into the shards; the run state it describes."""
+        """Load the checkpoint into every learner rank and into the shards; the run state it describes.
+
+        The checkpoint defines the run's timeline: what is newer is retired before anything is written. A run
+        without a checkpoint (stopped before its first one) starts over from its configs.
+        """
         point = self.resume
-        if point.force or point.new_config:  # the run's own snapshot describes what it now trains with
+        if point.checkpoint is None:
+            print(f"raysim: {self.run_dir} has no checkpoint: starting the run over from its configs", flush=True)
+            self.storage.remove("tb")  # the records of the process that stopped go (metrics: with the sinks)
+        state = RunState.from_checkpoint(point.meta, point.state) if point.checkpoint else RunState()
+        self._abandon_after(state.iteration)
+        if point.force or point.new_config or point.changed:  # the run's own snapshot: what it now trains with
             write_snapshot(self.storage, self.config)
-        state = RunState.from_checkpoint(point.meta, point.state)
+        if point.changed:
+            print(f"raysim: the run's config {self.storage.path(SNAPSHOT)} now keeps {', '.join(point.changed)}")
+        if point.checkpoint is None:
+            return Ready(state)
         how = self._load_roles(point.state)
         print(
             f"raysim: resuming {self.run_dir} from {self.storage.path(point.checkpoint.rel)} "
             f"(iteration {state.iteration}, {state.env_steps:,} env steps); shards continue {how}",
             flush=True,
         )
-        self._drop_records_after(state.iteration)
         return Ready(state, loaded=point.state, saved=point.checkpoint)
 
     def _load_roles(self, state: dict[str, Any]) -> str:
@@ -596,12 +640,18 @@ class Trainer:
         return f"checkpoint {self.storage.path(checkpoint.rel)} (iteration {restored.iteration})", state
 
     def _rewind(self, ready: Ready) -> None:
-        """Continue from an earlier iteration: the sinks and evaluation records drop what came after it."""
+        """Continue from an earlier iteration: checkpoints, sinks and evaluation records drop what came after it."""
         self.ready, state = ready, ready.state
         if state.iteration < self.first.iteration:
             self.first = state
+        self._abandon_after(state.iteration)
         self.sinks_set.rewind(state.iteration, state.env_steps)
-        self._drop_records_after(state.iteration)
+
+    def _abandon_after(self, iteration: int) -> None:
+        """The run continues from ``iteration``: the checkpoints and evaluation records of later iterations
+        belong to an abandoned timeline, retired before the run writes anything (pruning sees the live one)."""
+        self.checkpoints.retire_after(iteration)
+        self._drop_records_after(iteration)
 
     def _drop_records_after(self, iteration: int) -> None:
         """Evaluation records of iterations after ``iteration`` (an abandoned future) are removed."""

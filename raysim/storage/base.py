@@ -52,6 +52,7 @@ class RunStorage:
 
     location: str  # the local path or URI of the run directory
     is_local: bool
+    can_rename = False  # object stores cannot: what a rename would retire is deleted, its marker first
 
     def path(self, rel: str = "") -> str:
         """Where ``rel`` is (a local path or a URI), for messages."""
@@ -77,6 +78,10 @@ class RunStorage:
 
     def remove(self, rel: str) -> None:
         """Delete the file or directory tree ``rel`` (nothing when absent)."""
+        raise NotImplementedError
+
+    def rename(self, rel: str, to: str) -> None:
+        """Move the file or directory ``rel`` to ``to`` (which must not exist) atomically; where ``can_rename``."""
         raise NotImplementedError
 
     def staging(self, rel: str) -> Staging:

@@ -16,6 +16,7 @@ class LocalStorage(RunStorage):
     """A run directory on the local filesystem."""
 
     is_local = True
+    can_rename = True
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -72,6 +73,15 @@ class LocalStorage(RunStorage):
             shutil.rmtree(target, ignore_errors=True)
         else:
             target.unlink(missing_ok=True)
+
+    def rename(self, rel: str, to: str) -> None:
+        source, target = self.root / rel, self.root / to
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            raise FileExistsError(f"cannot move {source} to {target}: it exists")
+        os.rename(source, target)
+        fsync_dir(target.parent)
+        fsync_dir(source.parent)
 
     def staging(self, rel: str) -> Staging:
         return LocalStaging(self.root / rel)

@@ -6,7 +6,8 @@ the trial's child actors), so trials never oversubscribe the cluster. Its run di
 ``<experiment>/trials/<trial id>``. At every log step it reports the run's metrics to Tune with the
 checkpoint of that iteration (copied out as a self-contained directory, manifest included); Tune
 hands such a checkpoint back to restore a trial (a retry, an experiment resumed, PBT's exploit), and
-the trial verifies it, saves it into its own run directory and resumes from it exactly. The trial's
+the trial verifies it and resumes from it exactly: from its own copy when it is the trial's own, else
+(another trial's) saved into its run directory once the trial's own checkpoints are retired. The trial's
 own config (a PBT mutation) wins: the learner sets its learning rate from the config at every update.
 
 A trial's run closes (metrics merged, actors released, lock given back) before Tune hears of its end:
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raysim.checkpoint import Checkpoint, Checkpoints, copy_files, load_directory
+from raysim.checkpoint import MANIFEST, Checkpoint, Checkpoints, copy_files, load_directory
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.coordinator.snapshot import resume_refusal
@@ -88,6 +89,24 @@ class TuneReport:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(Path(folder) / "checkpoint")))
 
 
+def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
+    """Where a trial continues from the checkpoint Tune handed back (``folder``): its own checkpoint (a retry; the
+    restore retires the later ones), or another trial's (PBT's exploit), saved into the trial once every checkpoint
+    of its own is retired: they belong to another timeline."""
+    state, meta = load_directory(folder)
+    refusal = resume_refusal(meta, config)
+    if refusal:
+        raise ConfigError(f"trial {storage.location} cannot continue the checkpoint Tune handed it: {refusal}")
+    checkpoints, iteration = Checkpoints(storage), int(meta["iteration"])
+    marker = (folder / MANIFEST).read_bytes() if (folder / MANIFEST).exists() else None
+    for own in (c for c in checkpoints.complete() if c.iteration == iteration and marker is not None):
+        if storage.exists(f"{own.rel}/{MANIFEST}") and storage.read(f"{own.rel}/{MANIFEST}") == marker:
+            return ResumePoint(own, state, meta, new_config=True)
+    why = f"the trial's own, from before it took over another trial's checkpoint {iteration}"
+    checkpoints.retire(checkpoints.list(), why)
+    return ResumePoint(checkpoints.save(iteration, state, meta), state, meta, new_config=True)
+
+
 def wait_for_handover(lock: RunLock, timeout: float = HANDOVER_SECONDS) -> None:
     """Wait until no live process holds the run directory: Tune starts a paused or failed trial again in a new
     actor while the old one may still be ending (on another node: until its lease expires)."""
@@ -141,12 +160,7 @@ def _train_trial(values: dict[str, Any], *, base: dict, experiment: str, metric:
         trainer = Trainer(config, reporter=reporter)
     else:
         with handed.as_directory() as folder:
-            state, meta = load_directory(folder)
-        refusal = resume_refusal(meta, config)
-        if refusal:
-            raise ConfigError(f"trial {run_dir} cannot continue the checkpoint Tune handed it: {refusal}")
-        saved = Checkpoints(storage).save(int(meta["iteration"]), state, meta)
-        point = ResumePoint(saved, state, meta, new_config=True)
+            point = take_over(storage, Path(folder), config)
         trainer = Trainer(config, resume=point, reporter=reporter)
     summary = trainer.train()
     if summary.stopped_by in FINISHED:  # after the run closed: Tune may end the trial's actor on this report
