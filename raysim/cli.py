@@ -18,6 +18,7 @@ from raysim.checkpoint import CheckpointError
 from raysim.config import ConfigError, load_config
 from raysim.coordinator.cluster import ResourceError
 from raysim.coordinator.trainer import RunFailed
+from raysim.envs.errors import MissingDependencyError
 from raysim.storage import RunLockedError
 
 TRAIN_HELP = """Train PPO / GRPO on batched envs with Ray.
@@ -40,7 +41,20 @@ class OutputPathError(Exception):
     """An output path that cannot be written: the flag, the path and why."""
 
 
-USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, RunLockedError, ResourceError, OutputPathError)
+class MissingExtra(Exception):
+    """A feature whose optional dependency is not installed: what needs it and the extra to install."""
+
+
+USER_ERRORS = (
+    ConfigError,
+    CheckpointError,
+    FileNotFoundError,
+    RunLockedError,
+    ResourceError,
+    OutputPathError,
+    MissingExtra,
+    MissingDependencyError,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -343,6 +357,7 @@ def report(summary) -> int:
 
 
 def tune_command(args: argparse.Namespace) -> int:
+    require_extra("ray.tune", "tune", "raysim tune needs Ray Tune")
     from raysim.sweep import resume, tune
     from raysim.sweep.space import load_params, parse_param
 
@@ -461,6 +476,16 @@ def config_command(args: argparse.Namespace) -> int:
 
     print(config_reference(args.prefix, markdown=args.markdown))
     return 0
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Refuse, before any work, a feature whose optional dependency ``module`` is not installed."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(f'{what}, which is not installed: pip install "raysim[{extra}]"') from None
 
 
 def check_output(path: str, flag: str) -> None:

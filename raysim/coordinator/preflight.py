@@ -1,8 +1,9 @@
 """Checks before any work: the env and the model can be built from the config, in the driver, in a second.
 
-A typo in ``env.id`` or ``env.kwargs``, a task option out of its range, an action space the model
-cannot act in: each is a ``ConfigError`` naming the key, raised before Ray starts or anything is
-written, not a traceback from inside a shard on another node.
+A typo in ``env.id`` or ``env.kwargs``, a task option out of its range, an env whose package is not
+installed (saying what to install), an action space the model cannot act in: each is a ``ConfigError``
+naming the key, raised before Ray starts or anything is written, not a traceback from inside a shard
+on another node.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.envs import make
-from raysim.envs.errors import EnvOptionError, UnknownEnvError
+from raysim.envs.errors import EnvOptionError, MissingDependencyError, UnknownEnvError
 from raysim.envs.messages import captured
 from raysim.models import ActorCritic
 
@@ -24,7 +25,7 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
     try:
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
             env = make(env_id, 1, seed=0, **config.env.kwargs)
-    except UnknownEnvError as error:
+    except (UnknownEnvError, MissingDependencyError) as error:
         raise ConfigError(f"env.id: {one_line(error)}") from error
     except EnvOptionError as error:
         raise ConfigError(f"env.kwargs.{error.key}: {one_line(error)}") from error
