@@ -193,12 +193,36 @@ def reachable(address: str, timeout: float = 3.0) -> str | None:
         return f"--address {address!r} must be host:port (e.g. 127.0.0.1:6379), 'local', or left out"
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
-            return None
+            why = not_a_gcs(address, timeout)
     except OSError as error:
-        return (
-            f"no Ray cluster answers at {address} ({error.strerror or error}): start one with `ray start "
-            "--head`, check the address, or leave --address out for an embedded Ray"
+        why = error.strerror or str(error)
+    if why is None:
+        return None
+    return (
+        f"no Ray cluster answers at {address} ({why}): start one with `ray start --head`, check the address "
+        "(the head's GCS port, 6379 by default), or leave --address out for an embedded Ray"
+    )
+
+
+def not_a_gcs(address: str, timeout: float) -> str | None:
+    """Why what listens at ``address`` is not a Ray GCS (None: one answers, maybe asking for a token).
+
+    Asked before ``ray.init``, which would retry for minutes with a warning every few seconds."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    channel = grpc.insecure_channel(address)
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).CheckAlive(
+            gcs_service_pb2.CheckAliveRequest(), timeout=timeout
         )
+    except grpc.RpcError as error:
+        silent = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED)
+        if error.code() in silent:
+            return f"something listens there but does not answer as a Ray GCS: {error.code().name.lower()}"
+    finally:
+        channel.close()
+    return None
 
 
 # -- room for the roles -------------------------------------------------------------------------
