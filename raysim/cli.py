@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from raysim.checkpoint import CheckpointError
@@ -19,7 +18,7 @@ from raysim.config import ConfigError, load_config
 from raysim.coordinator.cluster import ResourceError
 from raysim.coordinator.trainer import RunFailed
 from raysim.envs.errors import MissingDependencyError
-from raysim.storage import RunLockedError
+from raysim.storage import RunLockedError, unwritable
 
 TRAIN_HELP = """Train PPO / GRPO on batched envs with Ray.
 
@@ -496,15 +495,6 @@ def check_output(path: str, flag: str) -> None:
         raise OutputPathError(f"{flag} {path} is a directory: give the file to write, e.g. {target / 'out'}")
     if target.exists() and not os.access(target, os.W_OK):
         raise OutputPathError(f"{flag} {path} exists and cannot be written (no write permission)")
-    parent = target.parent
-    for ancestor in [parent, *parent.parents]:
-        if ancestor.exists():
-            if not ancestor.is_dir():
-                raise OutputPathError(f"{flag} {path}: {ancestor} is a file, not a directory")
-            break
-    folder = next(p for p in [parent, *parent.parents] if p.exists())
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".raysim-write-check-"):
-            pass
-    except OSError as error:
-        raise OutputPathError(f"{flag} {path}: cannot write in {folder} ({error.strerror or error})") from None
+    problem = unwritable(target.parent)
+    if problem:
+        raise OutputPathError(f"{flag} {path}: {problem}")

@@ -1,9 +1,9 @@
 """Checks before any work: the env and the model can be built from the config, in the driver, in a second.
 
 A typo in ``env.id`` or ``env.kwargs``, a task option out of its range, an env whose package is not
-installed (saying what to install), an action space the model cannot act in: each is a ``ConfigError``
-naming the key, raised before Ray starts or anything is written, not a traceback from inside a shard
-on another node.
+installed (saying what to install), an action space the model cannot act in, a run directory that
+cannot be written: each is a ``ConfigError`` naming the key, raised before Ray starts or anything is
+written, not a traceback from inside a shard on another node.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from raysim.envs import make
 from raysim.envs.errors import EnvOptionError, MissingDependencyError, UnknownEnvError
 from raysim.envs.messages import captured
 from raysim.models import ActorCritic
+from raysim.storage import is_uri, unwritable
 
 
 def check_env_and_model(config: Config) -> tuple[Any, Any]:
@@ -40,6 +41,14 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
     finally:
         env.close()
+
+
+def check_run_dir(run_dir: str) -> None:
+    """A ``ConfigError`` when nothing can be written at the local ``run_dir`` (a read-only filesystem, a file
+    on its path): said before Ray starts, where it was an ``OSError`` from inside the run."""
+    problem = None if is_uri(run_dir) else unwritable(run_dir)
+    if problem:
+        raise ConfigError(f"run_dir {run_dir}: {problem}: choose another --run-dir")
 
 
 def one_line(error: BaseException) -> str:

@@ -31,7 +31,7 @@ from raysim.config import Config, ConfigError, check_config, load_resume_config,
 from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Collector
 from raysim.coordinator.phases import PhaseClock
-from raysim.coordinator.preflight import check_env_and_model
+from raysim.coordinator.preflight import check_env_and_model, check_run_dir
 from raysim.coordinator.roles import create_learner, create_roles, create_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
@@ -143,6 +143,7 @@ class Trainer:
         self.break_lock = break_lock
         self.reporter = reporter
         self.run_dir, self.note = (config.run_dir, None) if resume else choose_run_dir(config)
+        check_run_dir(self.run_dir)
         self.storage = open_storage(self.run_dir)
         self.checkpoints = Checkpoints(self.storage)
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
