@@ -16,11 +16,13 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from raysim.actors import Backend, LocalBackend, RayBackend
 from raysim.config import Config
+from raysim.coordinator.memory import MemoryNeed, cluster_memory, machine_memory
 
 
 class ResourceError(RuntimeError):
@@ -87,20 +89,44 @@ def amounts(resources: dict[str, float]) -> str:
 # -- starting or attaching ----------------------------------------------------------------------
 
 
-def start_backend(config: Config, address: str | None = None) -> tuple[Backend, bool]:
-    """The backend of ``config`` (checked: every role fits); ``started`` when this call started Ray."""
+def start_backend(config: Config, address: str | None = None, memory: MemoryNeed | None = None) -> tuple[Backend, bool]:
+    """The backend of ``config`` (checked: every role fits, in ``memory`` too); ``started`` when this call
+    started Ray."""
     if config.backend == "local":
+        refuse_oversized(memory, machine_memory(), "this machine")
         return LocalBackend(), False
     import ray
 
-    started = connect(config, address)
+    started = connect(config, address, memory=memory)
+    from ray.util import get_current_placement_group
+
+    if get_current_placement_group() is None:  # a Tune trial's bundles were reserved for it already
+        have, largest = cluster_memory(ray)
+        refuse_oversized(memory, have, "the Ray cluster", largest, grows=lambda: can_grow(ray))
     wait_for_room(config, ray)
     return RayBackend(), started
 
 
-def connect(config: Config, address: str | None = None, extra_cpus: float = 0.0) -> bool:
+def refuse_oversized(
+    memory: MemoryNeed | None,
+    have: float | None,
+    where: str,
+    largest_node: float | None = None,
+    grows: Callable[[], bool] = lambda: False,
+) -> None:
+    """Raise when the run's ``memory`` cannot fit in ``have`` bytes (its largest role in ``largest_node``)
+    and no autoscaler can add nodes."""
+    problem = memory.problem(have, largest_node, where) if memory is not None else None
+    if problem and not grows():
+        raise ResourceError(problem)
+
+
+def connect(
+    config: Config, address: str | None = None, extra_cpus: float = 0.0, memory: MemoryNeed | None = None
+) -> bool:
     """Attach to Ray, or start an embedded one sized for ``config``'s roles (and ``extra_cpus``: a sweep
-    trial's coordinator); True when this call started it."""
+    trial's coordinator; refused before it starts when the roles' ``memory`` exceeds this machine's);
+    True when this call started it."""
     import ray
 
     started = False
@@ -115,6 +141,7 @@ def connect(config: Config, address: str | None = None, extra_cpus: float = 0.0)
                     flush=True,
                 )
         if address in (None, "local"):
+            refuse_oversized(memory, machine_memory(), "this machine")
             start_embedded(config, extra_cpus)
         else:
             attach(address)

@@ -30,6 +30,7 @@ from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Collector
+from raysim.coordinator.memory import memory_need
 from raysim.coordinator.phases import PhaseClock
 from raysim.coordinator.preflight import check_env_and_model, check_run_dir
 from raysim.coordinator.roles import create_learner, create_roles, create_shard
@@ -207,7 +208,7 @@ class Trainer:
         try:
             if self.resume:  # a second process on the run is refused before Ray starts
                 self._lock(lock)
-            self.backend, started_ray = start_backend(self.config, self.address)
+            self.backend, started_ray = start_backend(self.config, self.address, memory_need(self.config, self.spaces))
             if not self.resume:  # the run directory appears once its roles are sure to fit
                 if self.storage.is_local:
                     Path(self.run_dir).mkdir(parents=True, exist_ok=True)
