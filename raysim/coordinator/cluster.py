@@ -2,11 +2,13 @@
 
 ``start_backend`` follows Ray's convention: ``--address`` (or ``RAY_ADDRESS``) attaches there; without
 one, a cluster already running on this machine is attached to, and otherwise an embedded local Ray
-is started, large enough for every role of the run (``--address local`` forces that). Then
-``wait_for_room`` compares what every role asks for (shards, evaluation shards, learner ranks: CPUs,
-GPUs, custom resources) with what the cluster has: a run that can never fit is an error with the
-numbers and the keys to change; one that fits once the autoscaler adds nodes (or other work frees
-room) waits with a line every few seconds, up to ``resources_timeout``.
+is started, large enough for every role of the run (``--address local`` forces that), once the run's
+least memory (``memory.py``) is known to fit in this machine's. An address is asked whether a Ray GCS
+answers there before ``ray.init``, which would retry for minutes. Then ``wait_for_room`` compares
+what every role asks for (shards, evaluation shards, learner ranks: CPUs, GPUs, custom resources)
+with what the cluster has (and the least memory with the cluster's): a run that can never fit is an
+error with the numbers and the keys to change; one that fits once the autoscaler adds nodes (or
+other work frees room) waits with a line every few seconds, up to ``resources_timeout``.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def start_backend(config: Config, address: str | None = None, memory: MemoryNeed
     started = connect(config, address, memory=memory)
     from ray.util import get_current_placement_group
 
-    if get_current_placement_group() is None:  # a Tune trial's bundles were reserved for it already
+    if memory is not None and get_current_placement_group() is None:  # a Tune trial's bundles are reserved
         have, largest = cluster_memory(ray)
         refuse_oversized(memory, have, "the Ray cluster", largest, grows=lambda: can_grow(ray))
     wait_for_room(config, ray)
@@ -116,7 +118,9 @@ def refuse_oversized(
 ) -> None:
     """Raise when the run's ``memory`` cannot fit in ``have`` bytes (its largest role in ``largest_node``)
     and no autoscaler can add nodes."""
-    problem = memory.problem(have, largest_node, where) if memory is not None else None
+    if memory is None:
+        return
+    problem = memory.problem(have, largest_node, where)
     if problem and not grows():
         raise ResourceError(problem)
 
