@@ -104,7 +104,7 @@ def start_backend(config: Config, address: str | None = None, memory: MemoryNeed
 
     if memory is not None and get_current_placement_group() is None:  # a Tune trial's bundles are reserved
         have, largest = cluster_memory(ray)
-        refuse_oversized(memory, have, "the Ray cluster", largest, grows=lambda: can_grow(ray))
+        refuse_oversized(memory, have, "the Ray cluster", largest, grows=lambda: can_grow(ray, settle=10.0))
     wait_for_room(config, ray)
     return RayBackend(), started
 
