@@ -151,6 +151,24 @@ def test_a_run_dir_on_a_read_only_filesystem_is_refused_before_ray_starts(read_o
     refused(["train", "--run-dir", str(run)], capsys, ray_never_starts, f"run_dir {run}", "Read-only file system")
 
 
+def test_resuming_a_run_on_a_filesystem_made_read_only_is_refused_before_ray_starts(
+    tmp_path, capsys, monkeypatch, ray_never_starts
+):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        run = disk / "run"
+        tiny = ["--set", "train.total_steps=256", "--set", "env.num_envs=4", "--set", "eval.episodes=0"]
+        assert main(["train", "--local", *tiny, "--set", "train.stop_after=1", "--run-dir", str(run)]) == 0
+        capsys.readouterr()
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        refused(["resume", str(run)], capsys, ray_never_starts, f"run_dir {run}", "Read-only file system")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def test_a_run_dir_under_a_file_is_refused_before_ray_starts(tmp_path, capsys, ray_never_starts):
     (tmp_path / "a-file").write_text("x")
     run = tmp_path / "a-file" / "run"

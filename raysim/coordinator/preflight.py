@@ -43,12 +43,13 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         env.close()
 
 
-def check_run_dir(run_dir: str) -> None:
+def check_run_dir(run_dir: str, resume: bool = False) -> None:
     """A ``ConfigError`` when nothing can be written at the local ``run_dir`` (a read-only filesystem, a file
     on its path): said before Ray starts, where it was an ``OSError`` from inside the run."""
     problem = None if is_uri(run_dir) else unwritable(run_dir)
     if problem:
-        raise ConfigError(f"run_dir {run_dir}: {problem}: choose another --run-dir")
+        what = "copy the run where it can be written and resume it there" if resume else "choose another --run-dir"
+        raise ConfigError(f"run_dir {run_dir}: {problem}: {what}")
 
 
 def one_line(error: BaseException) -> str:

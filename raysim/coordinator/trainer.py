@@ -144,7 +144,7 @@ class Trainer:
         self.break_lock = break_lock
         self.reporter = reporter
         self.run_dir, self.note = (config.run_dir, None) if resume else choose_run_dir(config)
-        check_run_dir(self.run_dir)
+        check_run_dir(self.run_dir, resume=resume is not None)
         self.storage = open_storage(self.run_dir)
         self.checkpoints = Checkpoints(self.storage)
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
