@@ -242,7 +242,12 @@ def not_a_gcs(address: str, timeout: float) -> str | None:
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
-    channel = grpc.insecure_channel(address)
+    try:  # Ray's own channel: TLS (RAY_USE_TLS) and token authentication as ray.init would use them
+        from ray._private.grpc_utils import init_grpc_channel
+
+        channel = init_grpc_channel(address)
+    except ImportError:  # an older Ray: a plain channel (a GCS that wants TLS then does not answer)
+        channel = grpc.insecure_channel(address)
     try:
         gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).CheckAlive(
             gcs_service_pb2.CheckAliveRequest(), timeout=timeout
