@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from raysim.checkpoint import CheckpointError
 from raysim.config import ConfigError, load_config
 from raysim.coordinator.cluster import ResourceError
 from raysim.coordinator.trainer import RunFailed
-from raysim.storage import RunLockedError
+from raysim.envs.errors import MissingDependencyError
+from raysim.storage import RunLockedError, unwritable
 
 TRAIN_HELP = """Train PPO / GRPO on batched envs with Ray.
 
@@ -40,7 +40,20 @@ class OutputPathError(Exception):
     """An output path that cannot be written: the flag, the path and why."""
 
 
-USER_ERRORS = (ConfigError, CheckpointError, FileNotFoundError, RunLockedError, ResourceError, OutputPathError)
+class MissingExtra(Exception):
+    """A feature whose optional dependency is not installed: what needs it and the extra to install."""
+
+
+USER_ERRORS = (
+    ConfigError,
+    CheckpointError,
+    FileNotFoundError,
+    RunLockedError,
+    ResourceError,
+    OutputPathError,
+    MissingExtra,
+    MissingDependencyError,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -348,6 +361,7 @@ def report(summary) -> int:
 
 
 def tune_command(args: argparse.Namespace) -> int:
+    require_extra("ray.tune", "tune", "raysim tune needs Ray Tune")
     from raysim.sweep import resume, tune
     from raysim.sweep.space import load_params, parse_param
 
@@ -468,6 +482,16 @@ def config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Refuse, before any work, a feature whose optional dependency ``module`` is not installed."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(f'{what}, which is not installed: pip install "raysim[{extra}]"') from None
+
+
 def check_output(path: str, flag: str) -> None:
     """Refuse, before any work, an output path that cannot be written: a directory, a path under a file,
     a folder without write permission."""
@@ -476,15 +500,6 @@ def check_output(path: str, flag: str) -> None:
         raise OutputPathError(f"{flag} {path} is a directory: give the file to write, e.g. {target / 'out'}")
     if target.exists() and not os.access(target, os.W_OK):
         raise OutputPathError(f"{flag} {path} exists and cannot be written (no write permission)")
-    parent = target.parent
-    for ancestor in [parent, *parent.parents]:
-        if ancestor.exists():
-            if not ancestor.is_dir():
-                raise OutputPathError(f"{flag} {path}: {ancestor} is a file, not a directory")
-            break
-    folder = next(p for p in [parent, *parent.parents] if p.exists())
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".raysim-write-check-"):
-            pass
-    except OSError as error:
-        raise OutputPathError(f"{flag} {path}: cannot write in {folder} ({error.strerror or error})") from None
+    problem = unwritable(target.parent)
+    if problem:
+        raise OutputPathError(f"{flag} {path}: {problem}")

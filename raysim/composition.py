@@ -40,7 +40,18 @@ def read_yaml(path: Path) -> Any:
     except FileNotFoundError as error:
         raise ConfigError(f"file {path} not found") from error
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+        raise ConfigError(yaml_problem(path, error)) from None
+
+
+def yaml_problem(path: Path, error: yaml.YAMLError) -> str:
+    """``FILE:LINE:COLUMN: not valid YAML: what`` in one line (PyYAML's own message quotes the source over 8)."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is None:
+        return f"{path}: not valid YAML: {' '.join(str(error).split())}"
+    problem = getattr(error, "problem", None) or "cannot parse"
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    after = f" ({context} at line {start.line + 1}, column {start.column + 1})" if context and start else ""
+    return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{after}"
 
 
 def expand(data: Any, base: Path, depth: int = 0) -> Any:

@@ -122,6 +122,13 @@ def export_policy(path: str | Path, out: str | Path, format: str = "torchscript"
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if format == "onnx":  # before any work: the extra is missing, not the run
+        try:
+            import onnx  # noqa: F401  (torch's exporter needs it)
+        except ImportError as error:
+            raise ExportError(
+                'ONNX export needs the onnx package, which is not installed: pip install "raysim[export]"'
+            ) from error
     policy, info = load_policy(path)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -132,10 +139,6 @@ def export_policy(path: str | Path, out: str | Path, format: str = "torchscript"
             scripted = torch.jit.script(policy)
             torch.jit.save(scripted, str(out), _extra_files={"raysim.json": json.dumps(info)})
     else:
-        try:
-            import onnx  # noqa: F401  (torch's exporter needs it)
-        except ImportError as error:
-            raise ExportError('ONNX export needs the onnx package: pip install "raysim[export]"') from error
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript-based exporter's deprecation notice
             torch.onnx.export(

@@ -11,9 +11,10 @@ through a ``SinkSet``:
   (``raysim.records.read_metrics`` reads it);
 - ``tensorboard``: event files under ``tb/`` (``torch.utils.tensorboard``), x axis the env steps.
 
-A sink that fails is reported once on stderr, naming it, and keeps being offered every later
-record; the other sinks still get every record. The Parquet sink keeps the rows it has not written
-yet, so a failed write loses nothing: the next flush (or ``close``) retries it.
+A sink that fails (also in a thread of its own, such as TensorBoard's writer) is reported once on
+stderr, in one line naming it, and keeps being offered every later record; the other sinks still get
+every record. The Parquet sink keeps the rows it has not written yet, so a failed write loses
+nothing: the next flush (or ``close``) retries it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -157,7 +160,23 @@ class TensorBoardSink:
         else:
             self.mirror = tempfile.mkdtemp(prefix="raysim-tb-")
             self.log_dir = self.mirror
-        self.writer = SummaryWriter(self.log_dir, purge_step=purge_step or None)
+        self.threads: list[threading.Thread] = []
+        self.writer = self._open(purge_step)
+
+    def _open(self, purge_step: int | None) -> Any:
+        """A ``SummaryWriter``; its background writer thread's failure is reported by ``SinkSet``, not as a
+        traceback (``quiet_threads``)."""
+        before = set(threading.enumerate())
+        writer = self.SummaryWriter(self.log_dir, purge_step=purge_step or None)
+        started = [t for t in set(threading.enumerate()) - before if type(t).__module__.startswith("tensorboard")]
+        self.threads += quiet_threads(started)
+        return writer
+
+    def _raise_thread_failure(self) -> None:
+        """The failure of a writer thread (e.g. a full disk), raised here where the sink's caller reports it."""
+        for thread in self.threads:
+            if (error := THREAD_FAILURES.get(thread)) is not None:
+                raise error
 
     def write(self, record: Record) -> None:
         step = int(record["env_steps"])
@@ -165,14 +184,17 @@ class TensorBoardSink:
             if key not in ("env_steps", "iteration"):
                 self.writer.add_scalar(tag(key), value, global_step=step)
         self.writer.flush()
+        self._raise_thread_failure()
 
     def flush(self) -> None:
         if self.mirror is not None:
             self.writer.flush()
             self.storage.upload(Path(self.mirror), "tb")
+        self._raise_thread_failure()
 
     def close(self) -> None:
         self.writer.close()
+        self._raise_thread_failure()
         if self.mirror is not None:
             self.storage.upload(Path(self.mirror), "tb")
             shutil.rmtree(self.mirror, ignore_errors=True)
@@ -181,7 +203,31 @@ class TensorBoardSink:
     def rewind(self, iteration: int, env_steps: int) -> None:
         """The run continues from ``env_steps``: TensorBoard hides the events logged after them."""
         self.writer.close()
-        self.writer = self.SummaryWriter(self.log_dir, purge_step=env_steps + 1)
+        self.writer = self._open(env_steps + 1)
+
+
+#: The failures of the threads ``quiet_threads`` took over (None while they run); their sinks raise them.
+THREAD_FAILURES: weakref.WeakKeyDictionary[threading.Thread, BaseException | None] = weakref.WeakKeyDictionary()
+
+
+def quiet_threads(threads: list[threading.Thread]) -> list[threading.Thread]:
+    """Keep the failure of a sink's background ``threads`` for the sink to raise (``SinkSet`` reports it once,
+    in one line), instead of the 30-line "Exception in thread" traceback Python prints; other threads'
+    failures go to the hook that was installed before."""
+    for thread in threads:
+        THREAD_FAILURES[thread] = None
+    if not getattr(threading.excepthook, "keeps_sink_failures", False):
+        previous = threading.excepthook
+
+        def hook(args: threading.ExceptHookArgs) -> None:
+            if args.thread is not None and args.thread in THREAD_FAILURES:
+                THREAD_FAILURES[args.thread] = args.exc_value
+            else:
+                previous(args)
+
+        hook.keeps_sink_failures = True
+        threading.excepthook = hook
+    return threads
 
 
 def tag(key: str) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +16,8 @@ import torch
 import raysim
 import raysim.learner.learner
 from raysim.config import ConfigError
-from raysim.metrics import ConsoleSink, ParquetSink, SinkSet
+from raysim.coordinator.trainer import RunFailed
+from raysim.metrics import ConsoleSink, ParquetSink, SinkSet, TensorBoardSink
 from raysim.records import metric_parts, read_metrics
 from raysim.rollout.shard import EnvShard
 from raysim.storage import open_storage
@@ -306,3 +309,59 @@ def test_all_three_sinks_are_the_default_and_unknown_sinks_are_refused():
     assert raysim.load_config(None).train.sinks == ["console", "parquet", "tensorboard"]
     with pytest.raises(ConfigError, match=r"train.sinks must be one of \['console', 'parquet', 'tensorboard'\]"):
         raysim.load_config(None, ["train.sinks=[console, wandb]"])
+
+
+class FillDisk:
+    """A sink that fills the disk at ``path`` to the last byte once the log step of ``iteration`` is written."""
+
+    name = "fill"
+
+    def __init__(self, path: Path, iteration: int):
+        self.path, self.iteration = path, iteration
+
+    def write(self, record):
+        if record["iteration"] == self.iteration:
+            stat = os.statvfs(self.path)
+            with open(self.path / "filler", "wb", buffering=0) as filler:
+                try:
+                    filler.write(b"\0" * (stat.f_bavail * stat.f_frsize))
+                    filler.write(b"\0" * 65536)
+                except OSError:  # full
+                    pass
+
+    def close(self):
+        pass
+
+
+def uncaught_thread_failures(monkeypatch) -> list[BaseException]:
+    """What reaches Python's hook for a thread's uncaught exception (its default prints the traceback)."""
+    seen: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    return seen
+
+
+def test_a_tensorboard_writer_thread_that_fails_on_a_full_disk_is_one_line_not_a_traceback(
+    small_disk, capfd, monkeypatch
+):
+    uncaught = uncaught_thread_failures(monkeypatch)
+    sinks = SinkSet([TensorBoardSink(open_storage(small_disk / "run")), FillDisk(small_disk, 1)])
+    for i in range(1, 30):  # the writer's thread fails on the first write to the full disk
+        sinks.write({"iteration": i, "env_steps": i, **{f"metric_{k}": float(k) for k in range(40)}})
+    sinks.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+    assert [line for line in err.splitlines() if line.strip()] == [err.strip()], err  # one line
+    assert "metrics sink 'tensorboard' failed" in err and "No space left on device" in err
+    assert sinks.failures["tensorboard"] >= 1 and not uncaught, uncaught
+
+
+def test_a_run_that_fills_its_disk_says_so_in_raysims_own_words_without_a_traceback(small_disk, capfd, monkeypatch):
+    uncaught = uncaught_thread_failures(monkeypatch)
+    run_dir = small_disk / "run"
+    config = raysim.load_config(None, [*TINY, "eval.episodes=0", "train.log_every=1", f"run_dir={run_dir}"])
+    sinks = [TensorBoardSink(open_storage(small_disk / "tb")), FillDisk(small_disk, 3)]
+    with pytest.raises(RunFailed, match="No space left on device"):
+        raysim.Trainer(config, sinks=sinks).train()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+    assert err.count("metrics sink 'tensorboard' failed") == 1 and not uncaught, (err, uncaught)

@@ -2,11 +2,13 @@
 
 ``start_backend`` follows Ray's convention: ``--address`` (or ``RAY_ADDRESS``) attaches there; without
 one, a cluster already running on this machine is attached to, and otherwise an embedded local Ray
-is started, large enough for every role of the run (``--address local`` forces that). Then
-``wait_for_room`` compares what every role asks for (shards, evaluation shards, learner ranks: CPUs,
-GPUs, custom resources) with what the cluster has: a run that can never fit is an error with the
-numbers and the keys to change; one that fits once the autoscaler adds nodes (or other work frees
-room) waits with a line every few seconds, up to ``resources_timeout``.
+is started, large enough for every role of the run (``--address local`` forces that), once the run's
+least memory (``memory.py``) is known to fit in this machine's. An address is asked whether a Ray GCS
+answers there before ``ray.init``, which would retry for minutes. Then ``wait_for_room`` compares
+what every role asks for (shards, evaluation shards, learner ranks: CPUs, GPUs, custom resources)
+with what the cluster has (and the least memory with the cluster's): a run that can never fit is an
+error with the numbers and the keys to change; one that fits once the autoscaler adds nodes (or
+other work frees room) waits with a line every few seconds, up to ``resources_timeout``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from raysim.actors import Backend, LocalBackend, RayBackend
 from raysim.config import Config
+from raysim.coordinator.memory import MemoryNeed, cluster_memory, machine_memory
 
 
 class ResourceError(RuntimeError):
@@ -87,20 +91,46 @@ def amounts(resources: dict[str, float]) -> str:
 # -- starting or attaching ----------------------------------------------------------------------
 
 
-def start_backend(config: Config, address: str | None = None) -> tuple[Backend, bool]:
-    """The backend of ``config`` (checked: every role fits); ``started`` when this call started Ray."""
+def start_backend(config: Config, address: str | None = None, memory: MemoryNeed | None = None) -> tuple[Backend, bool]:
+    """The backend of ``config`` (checked: every role fits, in ``memory`` too); ``started`` when this call
+    started Ray."""
     if config.backend == "local":
+        refuse_oversized(memory, machine_memory(), "this machine")
         return LocalBackend(), False
     import ray
 
-    started = connect(config, address)
+    started = connect(config, address, memory=memory)
+    from ray.util import get_current_placement_group
+
+    if memory is not None and get_current_placement_group() is None:  # a Tune trial's bundles are reserved
+        have, largest = cluster_memory(ray)
+        refuse_oversized(memory, have, "the Ray cluster", largest, grows=lambda: can_grow(ray, settle=10.0))
     wait_for_room(config, ray)
     return RayBackend(), started
 
 
-def connect(config: Config, address: str | None = None, extra_cpus: float = 0.0) -> bool:
+def refuse_oversized(
+    memory: MemoryNeed | None,
+    have: float | None,
+    where: str,
+    largest_node: float | None = None,
+    grows: Callable[[], bool] = lambda: False,
+) -> None:
+    """Raise when the run's ``memory`` cannot fit in ``have`` bytes (its largest role in ``largest_node``)
+    and no autoscaler can add nodes."""
+    if memory is None:
+        return
+    problem = memory.problem(have, largest_node, where)
+    if problem and not grows():
+        raise ResourceError(problem)
+
+
+def connect(
+    config: Config, address: str | None = None, extra_cpus: float = 0.0, memory: MemoryNeed | None = None
+) -> bool:
     """Attach to Ray, or start an embedded one sized for ``config``'s roles (and ``extra_cpus``: a sweep
-    trial's coordinator); True when this call started it."""
+    trial's coordinator; refused before it starts when the roles' ``memory`` exceeds this machine's);
+    True when this call started it."""
     import ray
 
     started = False
@@ -115,6 +145,7 @@ def connect(config: Config, address: str | None = None, extra_cpus: float = 0.0)
                     flush=True,
                 )
         if address in (None, "local"):
+            refuse_oversized(memory, machine_memory(), "this machine")
             start_embedded(config, extra_cpus)
         else:
             attach(address)
@@ -193,12 +224,41 @@ def reachable(address: str, timeout: float = 3.0) -> str | None:
         return f"--address {address!r} must be host:port (e.g. 127.0.0.1:6379), 'local', or left out"
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
-            return None
+            why = not_a_gcs(address, timeout)
     except OSError as error:
-        return (
-            f"no Ray cluster answers at {address} ({error.strerror or error}): start one with `ray start "
-            "--head`, check the address, or leave --address out for an embedded Ray"
+        why = error.strerror or str(error)
+    if why is None:
+        return None
+    return (
+        f"no Ray cluster answers at {address} ({why}): start one with `ray start --head`, check the address "
+        "(the head's GCS port, 6379 by default), or leave --address out for an embedded Ray"
+    )
+
+
+def not_a_gcs(address: str, timeout: float) -> str | None:
+    """Why what listens at ``address`` is not a Ray GCS (None: one answers, maybe asking for a token).
+
+    Asked before ``ray.init``, which would retry for minutes with a warning every few seconds."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    try:  # Ray's own channel: TLS (RAY_USE_TLS) and token authentication as ray.init would use them
+        from ray._private.grpc_utils import init_grpc_channel
+
+        channel = init_grpc_channel(address)
+    except ImportError:  # an older Ray: a plain channel (a GCS that wants TLS then does not answer)
+        channel = grpc.insecure_channel(address)
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).CheckAlive(
+            gcs_service_pb2.CheckAliveRequest(), timeout=timeout
         )
+    except grpc.RpcError as error:
+        silent = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED)
+        if error.code() in silent:
+            return f"something listens there but does not answer as a Ray GCS: {error.code().name.lower()}"
+    finally:
+        channel.close()
+    return None
 
 
 # -- room for the roles -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 from raysim.checkpoint import locate_checkpoint
 from raysim.config import Config, load_run_config
 from raysim.coordinator.cluster import start_backend
+from raysim.coordinator.preflight import check_env_and_model
 from raysim.coordinator.roles import create_shard
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.models import actor_state
@@ -59,6 +60,7 @@ def evaluate_config(
 ) -> EvalReport:
     """Evaluate the actor of a checkpoint's ``state`` as ``config.eval`` says, on fresh evaluation shards."""
     weights = {"version": int(meta.get("iteration", 0)), "actor": actor_state(state["model"])}
+    check_env_and_model(config)  # an env that cannot be built here (its package missing) is said before Ray starts
     runner, started = start_backend(config, address)
     handles = []
     try:

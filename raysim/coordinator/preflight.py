@@ -1,7 +1,8 @@
 """Checks before any work: the env and the model can be built from the config, in the driver, in a second.
 
-A typo in ``env.id`` or ``env.kwargs``, a task option out of its range, an action space the model
-cannot act in: each is a ``ConfigError`` naming the key, raised before Ray starts or anything is
+A typo in ``env.id`` or ``env.kwargs``, a task option out of its range, an env whose package is not
+installed (saying what to install), an action space the model cannot act in, a run directory that
+cannot be written: each is a ``ConfigError`` naming the key, raised before Ray starts or anything is
 written, not a traceback from inside a shard on another node.
 """
 
@@ -12,9 +13,10 @@ from typing import Any
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.envs import make
-from raysim.envs.errors import EnvOptionError, UnknownEnvError
+from raysim.envs.errors import EnvOptionError, MissingDependencyError, UnknownEnvError
 from raysim.envs.messages import captured
 from raysim.models import ActorCritic
+from raysim.storage import is_uri, unwritable
 
 
 def check_env_and_model(config: Config) -> tuple[Any, Any]:
@@ -24,7 +26,7 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
     try:
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
             env = make(env_id, 1, seed=0, **config.env.kwargs)
-    except UnknownEnvError as error:
+    except (UnknownEnvError, MissingDependencyError) as error:
         raise ConfigError(f"env.id: {one_line(error)}") from error
     except EnvOptionError as error:
         raise ConfigError(f"env.kwargs.{error.key}: {one_line(error)}") from error
@@ -39,6 +41,15 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
     finally:
         env.close()
+
+
+def check_run_dir(run_dir: str, resume: bool = False) -> None:
+    """A ``ConfigError`` when nothing can be written at the local ``run_dir`` (a read-only filesystem, a file
+    on its path): said before Ray starts, where it was an ``OSError`` from inside the run."""
+    problem = None if is_uri(run_dir) else unwritable(run_dir)
+    if problem:
+        what = "copy the run where it can be written and resume it there" if resume else "choose another --run-dir"
+        raise ConfigError(f"run_dir {run_dir}: {problem}: {what}")
 
 
 def one_line(error: BaseException) -> str:

@@ -30,8 +30,9 @@ from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Collector
+from raysim.coordinator.memory import memory_need
 from raysim.coordinator.phases import PhaseClock
-from raysim.coordinator.preflight import check_env_and_model
+from raysim.coordinator.preflight import check_env_and_model, check_run_dir
 from raysim.coordinator.roles import create_learner, create_roles, create_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
@@ -144,6 +145,7 @@ class Trainer:
         self.break_lock = break_lock
         self.reporter = reporter
         self.run_dir, self.note = (config.run_dir, None) if resume else choose_run_dir(config)
+        check_run_dir(self.run_dir, resume=resume is not None)
         self.storage = open_storage(self.run_dir)
         self.checkpoints = Checkpoints(self.storage)
         self.identity, self.canonical_env = env_identity(to_dict(config.env))
@@ -217,7 +219,7 @@ class Trainer:
         try:
             if self.resume:  # a second process on the run is refused before Ray starts
                 self._lock(lock)
-            self.backend, started_ray = start_backend(self.config, self.address)
+            self.backend, started_ray = start_backend(self.config, self.address, memory_need(self.config, self.spaces))
             if not self.resume:  # the run directory appears once its roles are sure to fit
                 if self.storage.is_local:
                     made = not Path(self.run_dir).exists()

@@ -1,4 +1,4 @@
-"""The errors of building an env from a config: a wrong id, or an option the env does not take."""
+"""The errors of building an env from a config: a wrong id, an option the env does not take, a package not installed."""
 
 from __future__ import annotations
 
@@ -13,3 +13,7 @@ class EnvOptionError(ValueError):
     def __init__(self, message: str, key: str):
         super().__init__(message)
         self.key = key
+
+
+class MissingDependencyError(ImportError):
+    """An env whose package (a Gymnasium extra, a plugin such as ale-py) is not installed; says what to install."""

@@ -18,10 +18,16 @@ each into raysim's same-step contract:
 Observations: a ``Box`` space becomes the ``policy`` group; a ``Dict`` of ``Box`` spaces maps each
 key to a group of the same name (``policy`` required). Episode reports carry ``return``,
 ``length`` and, where the env's info has ``is_success`` or ``success``, ``success``.
+
+Ids of a namespace another package registers (``ALE/...``: ``ale_py``) are registered by importing
+it; a package that is not installed (that one, or one Gymnasium reports with ``DependencyNotInstalled``)
+is a ``MissingDependencyError`` that says what to install (raysim's extra where it has one).
 """
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,9 +37,13 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from raysim.envs.contract import BatchedEnv, Obs, Step, check_actions, check_num_envs
-from raysim.envs.errors import UnknownEnvError
+from raysim.envs.errors import MissingDependencyError, UnknownEnvError
 
 VECTORIZE = ("sync", "async", "native")
+#: Namespaces whose ids another package registers when it is imported: namespace -> (module, what to install).
+NAMESPACE_PACKAGES = {"ALE": ("ale_py", "gymnasium[atari]")}
+#: Gymnasium extras that raysim has an extra for, of the same name (``raysim[mujoco]`` installs ``gymnasium[mujoco]``).
+RAYSIM_EXTRAS = ("mujoco",)
 #: The adapter's own options: how it runs the env, not what the env is (left out of the env identity).
 RUNTIME_OPTIONS = ("vectorize", "autoreset_mode")
 
@@ -54,6 +64,7 @@ class GymAdapter(BatchedEnv):
         self.num_envs = check_num_envs(num_envs)
         if vectorize not in VECTORIZE:
             raise ValueError(f"{self.env_id}: vectorize must be one of {VECTORIZE}, got {vectorize!r}")
+        register_namespace(gym_id)
         if gym_id not in gym.registry:
             close = [k for k in gym.registry if gym_id.lower().split("-")[0] in k.lower()][:5]
             raise UnknownEnvError(f"unknown Gymnasium id {gym_id!r}" + (f"; similar ids: {close}" if close else ""))
@@ -63,7 +74,12 @@ class GymAdapter(BatchedEnv):
             if vectorize == "native":
                 raise ValueError(f"{self.env_id}: a native vector env has its own autoreset mode; drop autoreset_mode")
             vector_kwargs["autoreset_mode"] = AutoresetMode(autoreset_mode)
-        self.vec = gym.make_vec(gym_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **env_kwargs)
+        try:
+            self.vec = gym.make_vec(
+                gym_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **env_kwargs
+            )
+        except gym.error.DependencyNotInstalled as error:  # Gymnasium's words on what to install
+            raise MissingDependencyError(f"{self.env_id}: {raysim_extra(str(error).strip())}") from error
         self.mode = AutoresetMode(self.vec.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self.masked_reset = vectorize != "native"  # Sync/AsyncVectorEnv honour reset_mask
         self.resets_rows = self.masked_reset
@@ -159,6 +175,26 @@ class GymAdapter(BatchedEnv):
         if not isinstance(obs, dict):
             obs = {"policy": obs}
         return {k: torch.tensor(np.asarray(obs[k]), dtype=torch.float32) for k in self.observation_spaces}
+
+
+def register_namespace(gym_id: str) -> None:
+    """Import the package that registers ``gym_id``'s namespace (e.g. ``ale_py`` for ``ALE/...``) unless
+    the id is registered already; a ``MissingDependencyError`` saying what to install when it is not installed."""
+    namespace = gym_id.split("/")[0] if "/" in gym_id else None
+    if gym_id in gym.registry or namespace not in NAMESPACE_PACKAGES:
+        return
+    module, install = NAMESPACE_PACKAGES[namespace]
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise MissingDependencyError(
+            f'gym:{gym_id} needs {module}, which is not installed: pip install "{install}"'
+        ) from error
+
+
+def raysim_extra(message: str) -> str:
+    """Gymnasium's "not installed" message, naming raysim's extra where raysim has one of that name."""
+    return re.sub(r"gymnasium\[(\w+)\]", lambda m: f"raysim[{m[1]}]" if m[1] in RAYSIM_EXTRAS else m[0], message)
 
 
 def _observation_groups(env_id: str, space: gym.Space) -> dict[str, gym.Space]:

@@ -7,7 +7,7 @@ records, the lock. ``location`` is a local path or a URI (``s3://bucket/prefix``
 """
 
 from raysim.storage.base import RunStorage, Staging, StorageError, is_uri
-from raysim.storage.local import LocalStorage, fsync_dir, write_parquet
+from raysim.storage.local import LocalStorage, fsync_dir, unwritable, write_parquet
 from raysim.storage.lock import RunLock, RunLockedError
 from raysim.storage.remote import FsStorage
 
@@ -18,4 +18,4 @@ def open_storage(location: str) -> RunStorage:
 
 
 __all__ = ["FsStorage", "LocalStorage", "RunLock", "RunLockedError", "RunStorage", "Staging", "StorageError",
-           "fsync_dir", "is_uri", "open_storage", "write_parquet"]  # fmt: skip
+           "fsync_dir", "is_uri", "open_storage", "unwritable", "write_parquet"]  # fmt: skip

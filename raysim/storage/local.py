@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,6 +135,21 @@ def fsync_dir(path: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def unwritable(folder: str | Path) -> str | None:
+    """Why nothing can be written in the directory ``folder`` (created if missing): a file where a directory
+    must be, a read-only filesystem, no permission; None when it can. Leaves nothing behind."""
+    folder = Path(folder)
+    existing = next(p for p in [folder, *folder.parents] if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".raysim-write-check-"):
+            pass
+    except OSError as error:
+        return f"cannot write in {existing} ({error.strerror or error})"
+    return None
 
 
 def write_parquet(path: str | Path, table) -> Path:
