@@ -270,9 +270,11 @@ class Checkpoints:
                     f"checkpoint {self._path(checkpoint)} is incomplete: {path} is missing"
                 ) from error
             if len(data) != expected.get("bytes") or sha256(data) != expected.get("sha256"):
+                saved = expected.get("bytes", 0)
+                size = f"{len(data):,} bytes where {saved:,} were saved" if len(data) != saved else f"{saved:,} bytes"
                 raise CheckpointError(
-                    f"checkpoint file {path} is damaged: {len(data):,} bytes that do not match the content hash "
-                    f"recorded when it was saved ({expected.get('bytes', 0):,} bytes)"
+                    f"checkpoint file {path} is damaged: its content ({size}) does not match the content hash "
+                    "recorded when it was saved"
                 )
             files[name] = data
         return files

@@ -246,9 +246,17 @@ def check_config(config: Config, where: str = "config") -> None:
             f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}"
         )
     try:
-        algorithm_class(config.algo.name).check(config.algo, config.env.num_envs)
+        algorithm = algorithm_class(config.algo.name)
+        algorithm.check(config.algo, config.env.num_envs)
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from error
+    per_row, minibatches = algorithm.collection(config.algo).steps_per_row, config.algo.num_minibatches
+    rows = config.shards.count // ranks * config.env.num_envs
+    if per_row is not None and rows * per_row < minibatches:
+        raise ConfigError(
+            f"{where}: algo.num_minibatches ({minibatches}) is more than a learner rank's batch of {rows * per_row} "
+            f"transitions (shards.count / learner.ranks x env.num_envs x {per_row} steps): lower it or collect more"
+        )
 
 
 def apply_override(data: dict, item: str) -> None:

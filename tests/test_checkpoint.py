@@ -84,7 +84,7 @@ def test_a_damaged_state_file_is_named_and_resume_falls_back_to_the_newest_intac
     else:
         target.write_bytes(b"")
     with pytest.raises(
-        CheckpointError, match=rf"checkpoint file {target} is damaged: .* do not match the content hash"
+        CheckpointError, match=rf"checkpoint file {target} is damaged: .* does not match the content hash"
     ):
         load_checkpoint(target.parent)
     path, loaded, _ = load_latest(tmp_path)

@@ -48,6 +48,7 @@ CASES = [
     (["--set", "nonsense"], "expected key=value"),
     (["no/such/config.yaml"], "config file 'no/such/config.yaml' not found"),
     (["--set", "learner.ranks=3"], "learner.ranks must be >= 1 and divide shards.count (1), got 3"),
+    (["--set", "algo.num_steps=2", "--set", "algo.num_minibatches=32"], "algo.num_minibatches (32) is more than"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ]
 
