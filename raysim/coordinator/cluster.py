@@ -102,10 +102,15 @@ def start_backend(config: Config, address: str | None = None, memory: MemoryNeed
     started = connect(config, address, memory=memory)
     from ray.util import get_current_placement_group
 
-    if memory is not None and get_current_placement_group() is None:  # a Tune trial's bundles are reserved
-        have, largest = cluster_memory(ray)
-        refuse_oversized(memory, have, "the Ray cluster", largest, grows=lambda: can_grow(ray, settle=10.0))
-    wait_for_room(config, ray)
+    try:
+        if memory is not None and get_current_placement_group() is None:  # a Tune trial's bundles are reserved
+            have, largest = cluster_memory(ray)
+            refuse_oversized(memory, have, "the Ray cluster", largest, grows=lambda: can_grow(ray, settle=10.0))
+        wait_for_room(config, ray)
+    except BaseException:
+        if started:  # a Ray this call started ends with it (a script that catches the error keeps no cluster)
+            ray.shutdown()
+        raise
     return RayBackend(), started
 
 
