@@ -156,6 +156,12 @@ class Backend:
         """Ask the cluster's autoscaler for room for ``count`` such actors (no-op without one)."""
 
 
+def internal_resource(name: str) -> bool:
+    """Ray's bookkeeping resources (memory, node, accelerator and placement-group markers), not what a role asks
+    for."""
+    return name in ("memory", "object_store_memory") or ":" in name or "_group_" in name
+
+
 class _LocalHandle(Handle):
     def __init__(self, instance: Any):
         self.instance = instance
@@ -239,19 +245,24 @@ class RayBackend(Backend):
         futures = [h.call(probe) for h in handles]
         deadline = time.monotonic() + timeout
         while True:
-            pending = len(futures) - len(self._ready(futures, len(futures), 5.0))
+            left = max(0.0, min(5.0, deadline - time.monotonic()))
+            pending = len(futures) - len(self._ready(futures, len(futures), left))
             if not pending:
                 return self.get(futures)
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"{pending} of {len(futures)} {what} did not start in {timeout:g} s "
-                    "(resources_timeout): the cluster has no room for them"
+                    f"(resources_timeout): the cluster has no room for them ({self._free()})"
                 )
-            if self.ray.util.get_current_placement_group() is not None:
-                where = "in the trial's placement group"
-            else:
-                where = f"the cluster has {self.ray.available_resources().get('CPU', 0):g} CPU free"
-            print(f"raysim: waiting for {pending} of {len(futures)} {what} to start ({where})", flush=True)
+            print(f"raysim: waiting for {pending} of {len(futures)} {what} to start ({self._free()})", flush=True)
+
+    def _free(self) -> str:
+        """What the cluster (or the trial's placement group) has free now, in words."""
+        if self.ray.util.get_current_placement_group() is not None:
+            return "in the trial's placement group"
+        free = self.ray.available_resources()
+        kinds = ["CPU", "GPU", *sorted(k for k in free if k not in ("CPU", "GPU") and not internal_resource(k))]
+        return "the cluster has " + ", ".join(f"{free.get(k, 0.0):g} {k}" for k in kinds) + " free"
 
     def discard(self, futures: list[Any]) -> None:
         done, _ = self.ray.wait(list(futures), num_returns=len(futures), timeout=0)

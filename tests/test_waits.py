@@ -6,10 +6,19 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import ray
+
+import raysim
+from raysim.checkpoint import Checkpoints
+from raysim.coordinator import Trainer
+from raysim.coordinator.trainer import RunFailed
+from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
+from raysim.sweep.trial import wait_for_handover
 
 ROOT = Path(__file__).resolve().parent.parent
 # 1 shard x 4 rows x 32 steps, 2 iterations; then a final evaluation of 3,000 episodes on one row (minutes)
@@ -82,3 +91,98 @@ def test_a_signal_during_a_long_final_evaluation_on_ray_stops_at_once_with_the_r
     assert f"continue with `raysim resume {run_dir}`" in out
     assert "internal error" not in out and "Traceback" not in out
     assert (run_dir / "checkpoints" / "2").is_dir()
+
+
+# -- every wait has a deadline -------------------------------------------------------------------
+
+# 2 shards x 4 rows x 32 steps, 6 iterations, no evaluation: 2 shards and the learner take 3 of the session's 4 CPUs
+ROOMY = [
+    "backend=ray",
+    "shards.count=2",
+    "env.num_envs=4",
+    "algo.num_steps=32",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=1",
+    "train.total_steps=1536",
+    "train.log_every=1",
+    "eval.episodes=0",
+    "checkpoint.every=100",
+    "resources_timeout=120",  # to start (a worker process starts in seconds here); 6 s for a replacement
+    "train.sinks=[]",
+]
+
+
+@ray.remote(num_cpus=2)
+class Blocker:
+    """Another job on the cluster: it takes the CPUs a lost role leaves."""
+
+    def ping(self) -> bool:
+        return True
+
+
+class TakeTheRoomOf:
+    """A sink that, at iteration 2, kills a role and lets another job take its CPUs (and the one left free).
+
+    A safety valve for the code before the fix, which waits for ever: the job ends after ``release`` seconds.
+    """
+
+    def __init__(self, trainer: Trainer, role: str, release: float = 60.0):
+        self.trainer, self.role, self.release = trainer, role, release
+        self.blocker, self.timer = None, None
+
+    def write(self, record: dict) -> None:
+        if record["iteration"] != 2:
+            return
+        roles = self.trainer.roles
+        self.trainer.config.resources_timeout = 6.0
+        for handle in roles.learner.handles if self.role == "learner" else roles.shards[:1]:
+            ray.kill(handle.actor)
+        self.blocker = Blocker.remote()
+        ray.get(self.blocker.ping.remote())  # it started: the role's replacement has no room now
+        self.timer = threading.Timer(self.release, ray.kill, [self.blocker])
+        self.timer.start()
+
+    def close(self) -> None:
+        pass
+
+    def end(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            ray.kill(self.blocker)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("role", "waits_for"), [("shard", "replacement for shard 0"), ("learner", "learner rank")])
+def test_a_lost_role_without_room_for_its_replacement_ends_the_run_after_resources_timeout_saved(
+    ray_session, tmp_path, capsys, role, waits_for
+):
+    config = raysim.load_config(None, [*ROOMY, f"run_dir={tmp_path / 'run'}"])
+    trainer = Trainer(config)
+    sink = TakeTheRoomOf(trainer, role)
+    trainer.sinks = [sink]
+    try:
+        with pytest.raises(RunFailed) as failed:
+            trainer.train()
+    finally:
+        sink.end()
+    message = str(failed.value)
+    assert "did not start in 6 s (resources_timeout)" in message and waits_for in message, message
+    assert f"the last completed iteration (2) is saved; after fixing the cause: raysim resume {tmp_path / 'run'}" in (
+        message
+    )
+    assert f"raysim: waiting for 1 of 1 {waits_for}" in capsys.readouterr().out  # every few seconds meanwhile
+    assert Checkpoints(LocalStorage(tmp_path / "run")).newest_intact(announce=False)[0].iteration == 2
+
+
+def test_a_trial_whose_earlier_attempt_never_hands_over_is_refused_and_its_run_directory_kept(tmp_path, capsys):
+    storage = open_storage(tmp_path / "trial")
+    earlier = RunLock(storage)  # a live process (this one) still holds the trial's run directory
+    earlier.acquire()
+    storage.write("metrics/part-0.parquet", b"rows of the earlier attempt")
+    try:
+        with pytest.raises(RunLockedError, match=r"still held by process \d+ on host .* after 6 s \(resources_timeout"):
+            wait_for_handover(RunLock(storage), timeout=6)
+    finally:
+        earlier.release()
+    assert "raysim: waiting for process" in capsys.readouterr().out  # every few seconds meanwhile
+    assert storage.read("metrics/part-0.parquet") == b"rows of the earlier attempt"

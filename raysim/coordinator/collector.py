@@ -23,7 +23,7 @@ from typing import Any
 
 from raysim.actors import Backend, Handle, InputLost
 from raysim.config import Config
-from raysim.coordinator.roles import create_shard, shard_request
+from raysim.coordinator.roles import create_shard, shard_request, start_shard
 from raysim.rollout import Collection, EnvShard
 
 
@@ -219,5 +219,5 @@ class Collector:
             f"replaced it, collecting its part of the iteration again",
             flush=True,
         )
-        self.shards[i] = create_shard(self.backend, config, i, generation=self.faults)
+        self.shards[i] = start_shard(self.backend, config, i, generation=self.faults)
         return True

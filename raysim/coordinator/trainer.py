@@ -32,7 +32,7 @@ from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Collector
 from raysim.coordinator.phases import PhaseClock
 from raysim.coordinator.preflight import check_env_and_model
-from raysim.coordinator.roles import create_learner, create_roles, create_shard
+from raysim.coordinator.roles import create_learner, create_roles, start_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.snapshot import choose_run_dir, resume_refusal, write_snapshot
@@ -491,7 +491,7 @@ class Trainer:
         self._fault("eval", iteration)
         report = evaluate_on_shards(
             backend,
-            lambda i: create_shard(backend, cfg, i, evaluation=True),
+            lambda i: start_shard(backend, cfg, i, evaluation=True),
             roles.eval_shards,
             [cfg.eval.num_envs] * len(roles.eval_shards),
             self.weights,
@@ -504,15 +504,23 @@ class Trainer:
     def _final_evaluation(self) -> EvalReport:
         """The final evaluation of the saved last iteration; its checkpoint carries the score.
 
-        A learner that died since (its weights lost with it) is restarted from that checkpoint first.
+        A learner that died since (its weights lost with it) is restarted from that checkpoint first. A
+        failure (no room for that learner within ``resources_timeout``) is ``RunFailed``, naming the saved
+        iteration and how to evaluate it.
         """
         iteration = self.ready.state.iteration
         self._fault("final_eval", iteration)
         try:
-            report = self._evaluate(iteration)
-        except InputLost as error:
-            self._restart_learner(error)
-            report = self._evaluate(iteration)
+            try:
+                report = self._evaluate(iteration)
+            except InputLost as error:
+                self._restart_learner(error)
+                report = self._evaluate(iteration)
+        except Exception as error:
+            raise RunFailed(
+                f"{describe(error)}\nthe final evaluation did not finish; iteration {iteration} is saved: "
+                f"evaluate it with `raysim eval {self.run_dir}`"
+            ) from error
         self.checkpoints.record_score(self.ready.saved, report.mean_return)
         self.ready.state = self.ready.state.scored(report.mean_return)
         return report
