@@ -13,6 +13,7 @@ an ``AttributeError`` at import, and a type checker sees the arguments)::
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -76,6 +77,41 @@ def method_name(method: Callable) -> str:
 
 class InputLost(RuntimeError):
     """A role could not read an input of its call: the object's owner (e.g. the learner with its weights) died."""
+
+
+class ValuesLost(RuntimeError):
+    """Values handed to a role by reference could not be read: lost with their node (``positions``: which)."""
+
+    def __init__(self, positions: list[int], detail: str = ""):
+        super().__init__(positions, detail)
+        self.positions, self.detail = positions, detail
+
+    def __str__(self) -> str:
+        return f"the values at positions {self.positions} were lost with their node ({self.detail})"
+
+
+def fetch(values: list[Any]) -> list[Any]:
+    """Values handed to a role by reference inside a list (Ray resolves only a call's own arguments, before the
+    call runs), fetched by the role: one lost with its node is the role's own error, ``ValuesLost``, naming
+    which. Values that are not references (in-process roles) are returned as they are."""
+    ray = sys.modules.get("ray")
+    refs = [j for j, value in enumerate(values) if ray is not None and isinstance(value, ray.ObjectRef)]
+    if not refs:
+        return list(values)
+    fetched = list(values)
+    try:
+        for j, value in zip(refs, ray.get([values[j] for j in refs]), strict=True):  # fetched in parallel
+            fetched[j] = value
+        return fetched
+    except ray.exceptions.ObjectLostError as error:
+        detail = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+    lost = []
+    for j in refs:  # which ones: one at a time
+        try:
+            ray.get(values[j])
+        except ray.exceptions.ObjectLostError:
+            lost.append(j)
+    raise ValuesLost(lost, detail)
 
 
 def cause(error: BaseException) -> BaseException:

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raysim.actors import Backend, InputLost, describe
+from raysim.actors import Backend, InputLost, cause, describe
 from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.coordinator.cluster import start_backend
-from raysim.coordinator.collector import Collector
+from raysim.coordinator.collector import Batch, Collector
 from raysim.coordinator.phases import PhaseClock
 from raysim.coordinator.preflight import check_env_and_model
 from raysim.coordinator.roles import create_learner, create_roles, start_shard
@@ -39,6 +39,7 @@ from raysim.coordinator.snapshot import choose_run_dir, resume_refusal, write_sn
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards
 from raysim.identity import checkpoint_identity, differences, env_identity
 from raysim.learner.group import combined
+from raysim.learner.inputs import ChunksLost
 from raysim.metrics import SinkSet, make_sinks
 from raysim.records import write_evaluation
 from raysim.rollout import EnvShard
@@ -362,7 +363,7 @@ class Trainer:
             batch = self.collector.collect(self.weights, before.version)  # futures; dead shards replaced
         self._fault("collect", iteration)
         with clock.phase("time_update"):  # the shards collect ahead meanwhile (algo.max_policy_lag)
-            result = roles.learner.update(batch.parts, batch.stale, log=log, env_steps=before.env_steps)
+            result = self._update(batch, log, before.env_steps)
             self.weights = roles.learner.get_weights()
         result["policy_lag"] = before.version - min(batch.versions)  # the oldest weights trained on
         self._fault("update", iteration)
@@ -389,6 +390,18 @@ class Trainer:
                     self.checkpoints.record_score(checkpoint, report.mean_return)
         if log and self.reporter is not None:
             self.reporter(self.record, self.ready.saved)
+
+    def _update(self, batch: Batch, log: bool, env_steps: int) -> dict[str, float]:
+        """The learner's update on ``batch``. Chunks lost with their node before the learner read them (no rank
+        updated) are collected again by their shards' replacements, and the update runs on the whole batch."""
+        while True:
+            try:
+                return self.roles.learner.update(batch.parts, batch.stale, log=log, env_steps=env_steps)
+            except Exception as error:
+                lost = cause(error)
+                if not isinstance(lost, ChunksLost):
+                    raise
+                self.collector.recollect(batch, lost, lost.lost)
 
     def _log_due(self, iteration: int) -> bool:
         """A log step every ``train.log_every`` iterations, and at the last iteration where it is known ahead."""

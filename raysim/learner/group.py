@@ -63,8 +63,7 @@ class LearnerGroup:
         calls = [
             h.call_split(
                 Learner.update_and_snapshot,
-                *parts[r],
-                *stale[r],
+                [*parts[r], *stale[r]],  # in a list: each rank reads its chunks itself (raysim.learner.inputs)
                 stale=len(stale[r]),
                 log=log,
                 env_steps=env_steps,
@@ -72,7 +71,13 @@ class LearnerGroup:
             )
             for r, h in enumerate(self.handles)
         ]
-        results = self.backend.get([result for result, _ in calls])
+        try:
+            results = self.backend.get([result for result, _ in calls])
+        except Exception:  # an error agreed on reaches every rank at once: all are taken here, none logged later
+            futures = [future for call in calls for future in call]
+            self.backend.wait(futures, len(futures), timeout=1.0)
+            self.backend.discard(futures)
+            raise
         self.snapshots = [snapshot for _, snapshot in calls]
         summed = {k: sum(r[k] for r in results) for k in ("env_steps", "stale_steps")}
         return {**results[0], **summed}
