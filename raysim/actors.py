@@ -43,11 +43,11 @@ class HeldSignals:
     def waiting(self) -> Iterator[None]:
         """A sliced wait: a held error is raised when it ends (in place of its result or its error)."""
         main = threading.current_thread() is threading.main_thread()
-        self.depth += main
+        self.depth += int(main)
         try:
             yield
         finally:
-            self.depth -= main
+            self.depth -= int(main)
             if main and self.depth == 0:
                 self.raise_held()
 

@@ -14,8 +14,10 @@ import pytest
 import ray
 
 import raysim
+from raysim.actors import RayBackend
 from raysim.checkpoint import Checkpoints
 from raysim.coordinator import Trainer
+from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.trainer import RunFailed
 from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
 from raysim.sweep.trial import wait_for_handover
@@ -60,6 +62,24 @@ def read_until(process: subprocess.Popen, text: str) -> str:
         if text in line:
             break
     return "".join(seen)
+
+
+@ray.remote(num_cpus=0)
+def finishes_after(seconds: float) -> str:
+    time.sleep(seconds)
+    return "finished"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_driver_waits_in_ray_ends_the_wait_at_once(ray_session, signum):
+    backend = RayBackend()
+    slow = finishes_after.remote(60)  # what the driver waits for: never ready before the signal
+    threading.Timer(1.0, os.kill, [os.getpid(), signum]).start()
+    with StopSignals(), pytest.raises(StopRequested) as stopped:
+        backend.get([slow])
+    assert stopped.value.signum == signum
+    assert not ray.wait([slow], timeout=0)[0]  # the wait ended before what it waited for
+    ray.cancel(slow, force=True)
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from typing import Any
 from raysim.actors import Backend, Handle, InputLost
 from raysim.config import Config
 from raysim.coordinator.roles import create_shard, shard_request, start_shard
+from raysim.learner.inputs import ChunksLost
 from raysim.rollout import Collection, EnvShard
 
 
@@ -87,13 +88,13 @@ class Collector:
             batch.versions.append(launch.version)
         return batch
 
-    def recollect(self, batch: Batch, error: Exception, lost: list[list[int]]) -> None:
-        """Chunks of ``batch`` lost with their node before the learner read them (``error``; ``lost[r]``: positions
-        in rank r's trained, then stale chunks). Each trained one is collected again, with the weights it was collected
-        with, by its shard's replacement (fresh episodes: the shard's state is lost too), so the batch keeps its
-        size; a lost stale chunk is dropped (it was to be reported only)."""
+    def recollect(self, batch: Batch, error: ChunksLost) -> None:
+        """Chunks of ``batch`` lost with their node before the learner read them (``error.positions[r]``: their
+        positions in rank r's trained, then stale chunks). Each trained one is collected again, with the weights
+        it was collected with, by its shard's replacement (fresh episodes: the shard's state is lost too), so
+        the batch keeps its size; a lost stale chunk is dropped (it was to be reported only)."""
         again = []
-        for rank, positions in enumerate(lost):
+        for rank, positions in enumerate(error.positions):
             trained = len(batch.parts[rank])
             for p in sorted(positions, reverse=True):
                 if p >= trained:

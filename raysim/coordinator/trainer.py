@@ -401,7 +401,7 @@ class Trainer:
                 lost = cause(error)
                 if not isinstance(lost, ChunksLost):
                     raise
-                self.collector.recollect(batch, lost, lost.lost)
+                self.collector.recollect(batch, lost)
 
     def _log_due(self, iteration: int) -> bool:
         """A log step every ``train.log_every`` iterations, and at the last iteration where it is known ahead."""

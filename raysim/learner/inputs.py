@@ -17,15 +17,15 @@ from raysim.rollout import RolloutChunk
 
 
 class ChunksLost(RuntimeError):
-    """Chunks of an update were lost with their node before the learner read them; ``lost[r]``: their positions
-    in rank r's chunks (trained, then stale). Every rank raises it; none updated."""
+    """Chunks of an update were lost with their node before the learner read them; ``positions[r]``: where
+    they were in rank r's chunks (trained, then stale). Every rank raises it; none updated."""
 
-    def __init__(self, lost: list[list[int]]):
-        super().__init__(lost)
-        self.lost = lost
+    def __init__(self, positions: list[list[int]]):
+        super().__init__(positions)
+        self.positions = positions
 
     def __str__(self) -> str:
-        where = "; ".join(f"rank {r}: {positions}" for r, positions in enumerate(self.lost) if positions)
+        where = "; ".join(f"rank {r}: {lost}" for r, lost in enumerate(self.positions) if lost)
         return f"chunks lost with their node before the learner read them (positions {where})"
 
 
