@@ -13,12 +13,59 @@ an ``AttributeError`` at import, and a type checker sees the arguments)::
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+WAIT_SLICE = 0.5  # seconds: the driver waits in Ray in slices this long, and handles a signal between two
+
+
+class HeldSignals:
+    """What a signal handler raises while the main thread waits in Ray, held until the wait's slice ends.
+
+    Ray's C code runs Python's signal handlers while it waits, but loses what they raise (the error
+    surfaces later as a ``SystemError``, or never while the wait lasts). So every wait of the driver
+    waits in slices of ``WAIT_SLICE`` seconds (``RayBackend``), and a handler that finds the main
+    thread in such a wait hands its error over (``hold``): the wait raises it between two slices.
+    """
+
+    def __init__(self):
+        self.depth = 0  # sliced waits of the main thread in progress (nested ones included)
+        self.error: BaseException | None = None
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """A sliced wait: a held error is raised when it ends (in place of its result or its error)."""
+        main = threading.current_thread() is threading.main_thread()
+        self.depth += int(main)
+        try:
+            yield
+        finally:
+            self.depth -= int(main)
+            if main and self.depth == 0:
+                self.raise_held()
+
+    def hold(self, error: BaseException) -> bool:
+        """For a signal handler: ``error`` is raised by the wait in progress (True), or there is none (False)."""
+        if self.depth == 0:
+            return False
+        self.error = self.error or error
+        return True
+
+    def raise_held(self) -> None:
+        """Raise the error a handler held, if any (between two slices of a wait)."""
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+
+held_signals = HeldSignals()
 
 
 def method_name(method: Callable) -> str:
@@ -30,6 +77,41 @@ def method_name(method: Callable) -> str:
 
 class InputLost(RuntimeError):
     """A role could not read an input of its call: the object's owner (e.g. the learner with its weights) died."""
+
+
+class ValuesLost(RuntimeError):
+    """Values handed to a role by reference could not be read: lost with their node (``positions``: which)."""
+
+    def __init__(self, positions: list[int], detail: str = ""):
+        super().__init__(positions, detail)
+        self.positions, self.detail = positions, detail
+
+    def __str__(self) -> str:
+        return f"the values at positions {self.positions} were lost with their node ({self.detail})"
+
+
+def fetch(values: list[Any]) -> list[Any]:
+    """Values handed to a role by reference inside a list (Ray resolves only a call's own arguments, before the
+    call runs), fetched by the role: one lost with its node is the role's own error, ``ValuesLost``, naming
+    which. Values that are not references (in-process roles) are returned as they are."""
+    ray = sys.modules.get("ray")
+    refs = [j for j, value in enumerate(values) if ray is not None and isinstance(value, ray.ObjectRef)]
+    if not refs:
+        return list(values)
+    fetched = list(values)
+    try:
+        for j, value in zip(refs, ray.get([values[j] for j in refs]), strict=True):  # fetched in parallel
+            fetched[j] = value
+        return fetched
+    except ray.exceptions.ObjectLostError as error:
+        detail = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+    lost = []
+    for j in refs:  # which ones: one at a time
+        try:
+            ray.get(values[j])
+        except ray.exceptions.ObjectLostError:
+            lost.append(j)
+    raise ValuesLost(lost, detail)
 
 
 def cause(error: BaseException) -> BaseException:
@@ -110,6 +192,12 @@ class Backend:
         """Ask the cluster's autoscaler for room for ``count`` such actors (no-op without one)."""
 
 
+def internal_resource(name: str) -> bool:
+    """Ray's bookkeeping resources (memory, node, accelerator and placement-group markers), not what a role asks
+    for."""
+    return name in ("memory", "object_store_memory") or ":" in name or "_group_" in name
+
+
 class _LocalHandle(Handle):
     def __init__(self, instance: Any):
         self.instance = instance
@@ -159,15 +247,32 @@ class RayBackend(Backend):
         return _RayHandle(actor_cls.options(**(options or {})).remote(*args, **kwargs))
 
     def get(self, value: Any) -> Any:
-        return self.ray.get(value)
+        refs = list(dict.fromkeys(value if isinstance(value, list) else [value]))
+        with held_signals.waiting():
+            self._ready(refs, len(refs), None)  # computed somewhere: fetching it cannot wait for long
+            return self.ray.get(value)
 
     def put(self, value: Any) -> Any:
         return self.ray.put(value)
 
     def wait(self, futures: list[Any], count: int, timeout: float | None = None) -> list[int]:
-        ready, _ = self.ray.wait(list(futures), num_returns=min(count, len(futures)), timeout=timeout)
-        chosen = set(ready)
+        chosen = set(self._ready(list(dict.fromkeys(futures)), count, timeout))
         return [j for j, future in enumerate(futures) if future in chosen]
+
+    def _ready(self, refs: list[Any], count: int, timeout: float | None) -> list[Any]:
+        """The first ``count`` of ``refs`` to be ready, or those ready after ``timeout`` seconds, waited for in
+        slices of ``WAIT_SLICE``: a signal that arrives meanwhile is raised between two (``HeldSignals``)."""
+        count = min(count, len(refs))
+        if count == 0:
+            return []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with held_signals.waiting():
+            while True:
+                left = WAIT_SLICE if deadline is None else max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))
+                ready, _ = self.ray.wait(refs, num_returns=count, timeout=left, fetch_local=False)
+                if len(ready) >= count or (deadline is not None and time.monotonic() >= deadline):
+                    return ready
+                held_signals.raise_held()
 
     def kill(self, handle: Handle) -> None:
         self.ray.kill(handle.actor)
@@ -176,19 +281,24 @@ class RayBackend(Backend):
         futures = [h.call(probe) for h in handles]
         deadline = time.monotonic() + timeout
         while True:
-            done, pending = self.ray.wait(futures, num_returns=len(futures), timeout=5.0)
+            left = max(0.0, min(5.0, deadline - time.monotonic()))
+            pending = len(futures) - len(self._ready(futures, len(futures), left))
             if not pending:
                 return self.get(futures)
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"{len(pending)} of {len(futures)} {what} did not start in {timeout:g} s "
-                    "(resources_timeout): the cluster has no room for them"
+                    f"{pending} of {len(futures)} {what} did not start in {timeout:g} s "
+                    f"(resources_timeout): the cluster has no room for them ({self._free()})"
                 )
-            if self.ray.util.get_current_placement_group() is not None:
-                where = "in the trial's placement group"
-            else:
-                where = f"the cluster has {self.ray.available_resources().get('CPU', 0):g} CPU free"
-            print(f"raysim: waiting for {len(pending)} of {len(futures)} {what} to start ({where})", flush=True)
+            print(f"raysim: waiting for {pending} of {len(futures)} {what} to start ({self._free()})", flush=True)
+
+    def _free(self) -> str:
+        """What the cluster (or the trial's placement group) has free now, in words."""
+        if self.ray.util.get_current_placement_group() is not None:
+            return "in the trial's placement group"
+        free = self.ray.available_resources()
+        kinds = ["CPU", "GPU", *sorted(k for k in free if k not in ("CPU", "GPU") and not internal_resource(k))]
+        return "the cluster has " + ", ".join(f"{free.get(k, 0.0):g} {k}" for k in kinds) + " free"
 
     def discard(self, futures: list[Any]) -> None:
         done, _ = self.ray.wait(list(futures), num_returns=len(futures), timeout=0)

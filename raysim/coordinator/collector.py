@@ -23,7 +23,8 @@ from typing import Any
 
 from raysim.actors import Backend, Handle, InputLost
 from raysim.config import Config
-from raysim.coordinator.roles import create_shard, shard_request
+from raysim.coordinator.roles import create_shard, shard_request, start_shard
+from raysim.learner.inputs import ChunksLost
 from raysim.rollout import Collection, EnvShard
 
 
@@ -41,11 +42,13 @@ class Launch:
 @dataclass
 class Batch:
     """An iteration's chunks: ``parts[r]`` learner rank r's (futures), ``stale[r]`` its chunks past the lag
-    bound (reported, not trained), and the policy version each trained chunk was collected with."""
+    bound (reported, not trained), the policy version each trained chunk was collected with, and for each
+    of ``parts[r]`` the index of its shard and its collection (``origins[r]``)."""
 
     parts: list[list[Any]]
     stale: list[list[Any]]
     versions: list[int] = field(default_factory=list)
+    origins: list[list[tuple[int, Launch]]] = field(default_factory=list)
 
 
 class Collector:
@@ -69,7 +72,8 @@ class Collector:
         so the batch has its configured size and nothing is counted twice.
         """
         self.version = version
-        batch = Batch([[] for _ in range(self.ranks)], [[] for _ in range(self.ranks)])
+        ranks = range(self.ranks)
+        batch = Batch([[] for _ in ranks], [[] for _ in ranks], origins=[[] for _ in ranks])
         self._take_stale(batch)
         for i, queue in enumerate(self.queues):
             while len(queue) <= self.lag:
@@ -79,8 +83,34 @@ class Collector:
             rank, target = i % self.ranks, self._target(i)
             for _ in range(target):  # finished before the target (an actor runs its calls in order)
                 self._pop(i, batch.stale[rank])
-            batch.versions.append(self._pop(i, batch.parts[rank]).version)
+            launch = self._pop(i, batch.parts[rank])
+            batch.origins[rank].append((i, launch))
+            batch.versions.append(launch.version)
         return batch
+
+    def recollect(self, batch: Batch, error: ChunksLost) -> None:
+        """Chunks of ``batch`` lost with their node before the learner read them (``error.positions[r]``: their
+        positions in rank r's trained, then stale chunks). Each trained one is collected again, with the weights
+        it was collected with, by its shard's replacement (fresh episodes: the shard's state is lost too), so
+        the batch keeps its size; a lost stale chunk is dropped (it was to be reported only)."""
+        again = []
+        for rank, positions in enumerate(error.positions):
+            trained = len(batch.parts[rank])
+            for p in sorted(positions, reverse=True):
+                if p >= trained:
+                    del batch.stale[rank][p - trained]
+                else:
+                    again.append((batch.origins[rank][p][0], rank, p))
+        for i, rank, p in sorted(again, reverse=True):  # the highest shard first: a shard dropped moves none of them
+            launch = batch.origins[rank][p][1]
+            self.backend.kill(self.shards[i])  # what it collected is gone with its node: it is replaced
+            self.queues[i].appendleft(Launch(launch.weights, launch.version))
+            if self._restart(i, error, "lost its chunk with its node before the learner read it"):
+                if self._received(i, 0) is not None:
+                    batch.parts[rank][p] = self._pop(i, []).chunk
+                    batch.origins[rank][p] = (i, launch)
+                    continue
+            del batch.parts[rank][p], batch.origins[rank][p]  # elastic, no room: the batch is smaller
 
     def _pop(self, i: int, into: list[Any]) -> Launch:
         """Shard ``i``'s oldest chunk, taken into ``into``; the shard's state is now the one after it."""
@@ -167,23 +197,32 @@ class Collector:
                 self.backend.get(self.queues[i][j].receipt)
                 return True
             except Exception as error:
-                self.backend.discard([f for launch in self.queues[i] for f in (launch.chunk, launch.receipt)])
                 if not self.backend.is_actor_failure(error):
+                    self.backend.discard([f for launch in self.queues[i] for f in (launch.chunk, launch.receipt)])
                     raise
-                try:
-                    replaced = self._replace(i, error)
-                except InputLost:  # the weights are lost with the learner: every chunk in flight too
-                    self.reset()
-                    raise
-                if not replaced:
-                    del self.queues[i], self.states[i]
+                if not self._restart(i, error):
                     return None
-                self.states[i] = self.shards[i].call(EnvShard.get_state)  # before its first chunk
-                fresh = [old for old in self.queues[i] if self.version - old.version <= self.lag]
-                self.queues[i] = deque(self._launch(i, Launch(old.weights, old.version)) for old in fresh)
                 if not self.queues[i]:
                     return True
                 j = 0  # every relaunched chunk is within the bound
+
+    def _restart(self, i: int, error: Exception, why: str = "died during its rollout") -> bool:
+        """Shard ``i`` is gone (``why``): its replacement collects its queued chunks within the lag bound again
+        (True), or, elastic without room for one, it is dropped (False)."""
+        queue = self.queues[i]
+        self.backend.discard([f for launch in queue for f in (launch.chunk, launch.receipt) if f is not None])
+        try:
+            replaced = self._replace(i, error, why)
+        except InputLost:  # the weights are lost with the learner: every chunk in flight too
+            self.reset()
+            raise
+        if not replaced:
+            del self.queues[i], self.states[i]
+            return False
+        self.states[i] = self.shards[i].call(EnvShard.get_state)  # before its first chunk
+        fresh = [old for old in queue if self.version - old.version <= self.lag]
+        self.queues[i] = deque(self._launch(i, Launch(old.weights, old.version)) for old in fresh)
+        return True
 
     def _launch(self, i: int, launch: Launch) -> Launch:
         launch.chunk, launch.receipt, launch.state = self.shards[i].call_split(
@@ -191,8 +230,8 @@ class Collector:
         )
         return launch
 
-    def _replace(self, i: int, error: Exception) -> bool:
-        """Shard ``i`` died: replace it (True), or drop it when elastic and there is no room (False)."""
+    def _replace(self, i: int, error: Exception, why: str) -> bool:
+        """Shard ``i`` died (``why``): replace it (True), or drop it when elastic and there is no room (False)."""
         config = self.config
         if self.backend.alive(self.shards[i], EnvShard.spaces):  # the shard is fine: its input, the weights, is lost
             raise InputLost(f"shard {i} could not read the learner's weights: {error}") from error
@@ -215,9 +254,9 @@ class Collector:
                 f"(shards.max_restarts): {error}"
             ) from error
         print(
-            f"raysim: fault: shard {i} died during its rollout ({type(error).__name__}); "
+            f"raysim: fault: shard {i} {why} ({type(error).__name__}); "
             f"replaced it, collecting its part of the iteration again",
             flush=True,
         )
-        self.shards[i] = create_shard(self.backend, config, i, generation=self.faults)
+        self.shards[i] = start_shard(self.backend, config, i, generation=self.faults)
         return True

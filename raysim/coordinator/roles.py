@@ -50,8 +50,18 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
     )
 
 
+def start_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:
+    """``create_shard``, returned once the shard started: a replacement waits for room with a line every few
+    seconds, and gives up after ``resources_timeout`` (``TimeoutError``)."""
+    shard = create_shard(backend, config, index, evaluation, generation)
+    what = f"replacement for {'evaluation ' if evaluation else ''}shard {index}"
+    backend.wait_started([shard], EnvShard.spaces, what, config.resources_timeout)
+    return shard
+
+
 def create_learner(backend: Backend, config: Config, spaces: tuple, horizon: int) -> LearnerGroup:
-    """The learner group of ``config`` (``learner.ranks`` ranks); ``horizon``: the env steps planned (schedule)."""
+    """The learner group of ``config`` (``learner.ranks`` ranks), started (``TimeoutError`` after
+    ``resources_timeout``); ``horizon``: the env steps planned (schedule)."""
     observation_spaces, action_space = spaces
     return LearnerGroup(
         backend,
@@ -63,6 +73,7 @@ def create_learner(backend: Backend, config: Config, spaces: tuple, horizon: int
         horizon=horizon,
         seed=config.seed,
         device=config.learner.device,
+        start_timeout=config.resources_timeout,
         options={
             "num_cpus": config.learner.num_cpus,
             "num_gpus": config.learner.num_gpus,
@@ -75,18 +86,21 @@ def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) 
     """Every role of a run: training shards, evaluation shards (when the run evaluates), the learner group,
     all starting at once (``spaces``: the env's observation spaces and action space, from the preflight).
 
-    Returns once the training shards answer (the learner's first answer is the first iteration's weights).
-    The evaluation shards are created then, not needed before the first evaluation: they start while the
-    first iterations run instead of delaying them (the preflight checked that the cluster has room for
-    every role).
+    Returns once the training shards and the learner ranks answer (``ResourceError`` after
+    ``resources_timeout``). The evaluation shards are created then, not needed before the first
+    evaluation: they start while the first iterations run instead of delaying them (the preflight
+    checked that the cluster has room for every role).
     """
     shards = [create_shard(backend, config, i) for i in range(config.shards.count)]
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
         backend.request_capacity(shard_request(config), config.shards.max)
-    learner = create_learner(backend, config, spaces, horizon)
+    learner = None
     try:
+        learner = create_learner(backend, config, spaces, horizon)
         started = backend.wait_started(shards, EnvShard.spaces, "shards", config.resources_timeout)
     except TimeoutError as error:
+        for handle in [*shards, *(learner.handles if learner else [])]:  # none is left waiting for room
+            backend.kill(handle)
         raise ResourceError(f"{error}:\n{describe_needs(needs(config))}") from error
     evaluates = config.eval.episodes or config.eval.every or config.eval.every_steps
     eval_shards = [

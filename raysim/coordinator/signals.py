@@ -4,7 +4,9 @@
 Ray started, in the main thread only (a Tune trial or a notebook thread keeps its own), and puts the
 previous ones back when training returns. A signal abandons the iteration in progress
 (``StopRequested`` is a ``BaseException``, like ``KeyboardInterrupt``: ``except Exception`` does not
-swallow it); while the final checkpoint is written, further signals wait (``deferred``).
+swallow it); while the final checkpoint is written, further signals wait (``deferred``). While the
+driver waits in Ray, the handler only hands ``StopRequested`` over to the wait, which raises it
+within a fraction of a second (``raysim.actors.HeldSignals``: Ray's C code would lose it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from raysim.actors import held_signals
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -65,7 +69,9 @@ class StopSignals:
                 )
             self.pending = self.pending or signum
             return
-        raise StopRequested(signum)
+        stop = StopRequested(signum)
+        if not held_signals.hold(stop):
+            raise stop
 
     @contextmanager
     def deferred(self, stop_after: bool = True) -> Iterator[None]:

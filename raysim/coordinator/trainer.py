@@ -24,22 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raysim.actors import Backend, InputLost, describe
+from raysim.actors import Backend, InputLost, cause, describe
 from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints
 from raysim.config import Config, ConfigError, check_config, load_resume_config, to_dict
 from raysim.coordinator.cluster import start_backend
-from raysim.coordinator.collector import Collector
+from raysim.coordinator.collector import Batch, Collector
 from raysim.coordinator.memory import memory_need
 from raysim.coordinator.phases import PhaseClock
 from raysim.coordinator.preflight import check_env_and_model, check_run_dir
-from raysim.coordinator.roles import create_learner, create_roles, create_shard
+from raysim.coordinator.roles import create_learner, create_roles, start_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.snapshot import SNAPSHOT, changed_settings, choose_run_dir, resume_refusal, write_snapshot
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards
 from raysim.identity import checkpoint_identity, differences, env_identity
 from raysim.learner.group import combined
+from raysim.learner.inputs import ChunksLost
 from raysim.metrics import SinkSet, make_sinks
 from raysim.records import write_evaluation
 from raysim.rollout import EnvShard
@@ -396,7 +397,7 @@ class Trainer:
             batch = self.collector.collect(self.weights, before.version)  # futures; dead shards replaced
         self._fault("collect", iteration)
         with clock.phase("time_update"):  # the shards collect ahead meanwhile (algo.max_policy_lag)
-            result = roles.learner.update(batch.parts, batch.stale, log=log, env_steps=before.env_steps)
+            result = self._update(batch, log, before.env_steps)
             self.weights = roles.learner.get_weights()
         result["policy_lag"] = before.version - min(batch.versions)  # the oldest weights trained on
         self._fault("update", iteration)
@@ -425,6 +426,18 @@ class Trainer:
                     self.checkpoints.record_score(checkpoint, report.mean_return)
         if log and self.reporter is not None:
             self.reporter(self.record, self.ready.saved)
+
+    def _update(self, batch: Batch, log: bool, env_steps: int) -> dict[str, float]:
+        """The learner's update on ``batch``. Chunks lost with their node before the learner read them (no rank
+        updated) are collected again by their shards' replacements, and the update runs on the whole batch."""
+        while True:
+            try:
+                return self.roles.learner.update(batch.parts, batch.stale, log=log, env_steps=env_steps)
+            except Exception as error:
+                lost = cause(error)
+                if not isinstance(lost, ChunksLost):
+                    raise
+                self.collector.recollect(batch, lost)
 
     def _log_due(self, iteration: int) -> bool:
         """A log step every ``train.log_every`` iterations, and at the run's last iteration where it is known
@@ -527,7 +540,7 @@ class Trainer:
         self._fault("eval", iteration)
         report = evaluate_on_shards(
             backend,
-            lambda i: create_shard(backend, cfg, i, evaluation=True),
+            lambda i: start_shard(backend, cfg, i, evaluation=True),
             roles.eval_shards,
             [cfg.eval.num_envs] * len(roles.eval_shards),
             self.weights,
@@ -539,15 +552,23 @@ class Trainer:
     def _final_evaluation(self) -> EvalReport:
         """The final evaluation of the saved last iteration; its checkpoint carries the score.
 
-        A learner that died since (its weights lost with it) is restarted from that checkpoint first.
+        A learner that died since (its weights lost with it) is restarted from that checkpoint first. A
+        failure (no room for that learner within ``resources_timeout``) is ``RunFailed``, naming the saved
+        iteration and how to evaluate it.
         """
         iteration = self.ready.state.iteration
         self._fault("final_eval", iteration)
         try:
-            report = self._evaluate(iteration)
-        except InputLost as error:
-            self._restart_learner(error)
-            report = self._evaluate(iteration)
+            try:
+                report = self._evaluate(iteration)
+            except InputLost as error:
+                self._restart_learner(error)
+                report = self._evaluate(iteration)
+        except Exception as error:
+            raise RunFailed(
+                f"{describe(error)}\nthe final evaluation did not finish; iteration {iteration} is saved: "
+                f"evaluate it with `raysim eval {self.run_dir}`"
+            ) from error
         self.checkpoints.record_score(self.ready.saved, report.mean_return)
         self.ready.state = self.ready.state.scored(report.mean_return)
         return report

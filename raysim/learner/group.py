@@ -11,6 +11,7 @@ every rank raises the same error.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from raysim.actors import Backend
@@ -20,8 +21,12 @@ from raysim.learner.learner import Learner
 class LearnerGroup:
     """One or more ``Learner`` ranks behind the interface of a single learner."""
 
-    def __init__(self, backend: Backend, ranks: int, options: dict | None = None, **learner: Any):
-        """``ranks`` ``Learner`` actors (Ray actor ``options``); ``learner``: ``Learner``'s keyword arguments."""
+    def __init__(
+        self, backend: Backend, ranks: int, options: dict | None = None, start_timeout: float = math.inf, **learner: Any
+    ):
+        """``ranks`` ``Learner`` actors (Ray actor ``options``), started (a line every few seconds while the
+        cluster has no room for them; ``TimeoutError`` after ``start_timeout`` seconds); ``learner``:
+        ``Learner``'s keyword arguments."""
         if ranks < 1:
             raise ValueError(f"learner.ranks must be >= 1, got {ranks}")
         if ranks > 1 and backend.name == "local":
@@ -31,6 +36,12 @@ class LearnerGroup:
         self.handles = [
             backend.create(Learner, rank=r, world_size=ranks, options=options, **learner) for r in range(ranks)
         ]
+        try:
+            backend.wait_started(self.handles, Learner.policy_version, "learner ranks", start_timeout)
+        except TimeoutError:  # none of them is left waiting for room
+            for handle in self.handles:
+                backend.kill(handle)
+            raise
         if ranks > 1:
             host, port = backend.get(self.handles[0].call(Learner.rendezvous_address))
             backend.get([h.call(Learner.join, host, port) for h in self.handles])
@@ -52,8 +63,7 @@ class LearnerGroup:
         calls = [
             h.call_split(
                 Learner.update_and_snapshot,
-                *parts[r],
-                *stale[r],
+                [*parts[r], *stale[r]],  # in a list: each rank reads its chunks itself (raysim.learner.inputs)
                 stale=len(stale[r]),
                 log=log,
                 env_steps=env_steps,
@@ -61,7 +71,13 @@ class LearnerGroup:
             )
             for r, h in enumerate(self.handles)
         ]
-        results = self.backend.get([result for result, _ in calls])
+        try:
+            results = self.backend.get([result for result, _ in calls])
+        except Exception:  # an error agreed on reaches every rank at once: all are taken here, none logged later
+            futures = [future for call in calls for future in call]
+            self.backend.wait(futures, len(futures), timeout=1.0)
+            self.backend.discard(futures)
+            raise
         self.snapshots = [snapshot for _, snapshot in calls]
         summed = {k: sum(r[k] for r in results) for k in ("env_steps", "stale_steps")}
         return {**results[0], **summed}

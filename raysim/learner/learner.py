@@ -6,10 +6,10 @@ The coordinator's loop calls it once per iteration (in-process or as a Ray actor
     chunks = [shard.collect(weights, plan) for shard in shards]
     metrics = learner.update(*chunks)          # remote: the shards' chunk refs, resolved by Ray
 
-Chunks reach the learner as object refs resolved by Ray, never through the driver; the weights
-leave it as one object ref that every shard reads. What the update computes is the algorithm's
-(``raysim.algos``): the learner never names one. It reads and writes no files: a checkpoint's
-state comes in and goes out as plain data (the coordinator owns run storage).
+Chunks reach the learner as object refs (each rank reads its own: ``inputs.read_chunks``), never
+through the driver; the weights leave it as one object ref that every shard reads. What the update
+computes is the algorithm's (``raysim.algos``): the learner never names one. It reads and writes no
+files: a checkpoint's state comes in and goes out as plain data (the coordinator owns run storage).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 from raysim.algos import algorithm_class
 from raysim.algos.guard import GuardedStep
+from raysim.learner.inputs import read_chunks
 from raysim.learner.ranks import RankGroup
 from raysim.learner.window import MetricWindow, episode_stats, episode_sums, reduce_gathered, to_host
 from raysim.models import ActorCritic, ModelConfig
@@ -131,10 +132,11 @@ class Learner:
         return cpu_copy(self.state_dict() if self.ranks.rank == 0 else self.rank_state())
 
     def update_and_snapshot(
-        self, *chunks: RolloutChunk, stale: int = 0, log: bool = True, env_steps: int = 0
+        self, chunks: list[Any], stale: int = 0, log: bool = True, env_steps: int = 0
     ) -> tuple[dict[str, float], dict[str, Any]]:
-        """``update`` and then ``snapshot``: the coordinator receives both as separate objects."""
-        return self.update(*chunks, stale=stale, log=log, env_steps=env_steps), self.snapshot()
+        """``update`` and then ``snapshot``: the coordinator receives both as separate objects. ``chunks``: refs
+        in a list, read here (a chunk lost with its node: ``ChunksLost`` on every rank, see ``read_chunks``)."""
+        return self.update(*read_chunks(self.ranks, chunks), stale=stale, log=log, env_steps=env_steps), self.snapshot()
 
     def load_state(self, state: dict[str, Any]) -> int:
         """Restore a checkpoint's learner state on every rank (errors agreed on); returns the policy version.

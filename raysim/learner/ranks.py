@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,14 @@ class RankGroup:
         parts = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(parts, local)
         return parts
+
+    def gather_objects(self, local: Any) -> list[Any]:
+        """Every rank's ``local`` (any picklable value), in rank order: one all-gather."""
+        if self.world_size == 1:
+            return [local]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, local)
+        return gathered
 
     def all_reduce(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` over the ranks, in place."""

@@ -29,12 +29,11 @@ from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.coordinator.snapshot import resume_refusal
 from raysim.coordinator.trainer import FINISHED, ResumePoint, Trainer
-from raysim.storage import RunLock, RunStorage, open_storage
+from raysim.storage import RunLock, RunLockedError, RunStorage, open_storage
 from raysim.storage.lock import stale
 from raysim.sweep.space import config_with
 
 TRIALS = "trials"  # the experiment's folder of raysim run directories
-HANDOVER_SECONDS = 180.0  # how long a trial restarted waits for its earlier attempt's process to end
 CLOSE_SECONDS = 120.0  # how long a trial's actor, stopped by Tune, waits for its run to close
 
 _stop_asked = threading.Event()  # Tune stopped this process's trial: its next report ends the run instead
@@ -107,13 +106,23 @@ def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
     return ResumePoint(checkpoints.save(iteration, state, meta), state, meta, new_config=True)
 
 
-def wait_for_handover(lock: RunLock, timeout: float = HANDOVER_SECONDS) -> None:
+def wait_for_handover(lock: RunLock, timeout: float) -> None:
     """Wait until no live process holds the run directory: Tune starts a paused or failed trial again in a new
-    actor while the old one may still be ending (on another node: until its lease expires)."""
-    deadline = time.monotonic() + timeout
+    actor while the old one may still be ending (on another node: until its lease expires). A line every few
+    seconds meanwhile; after ``timeout`` seconds (``resources_timeout``), ``RunLockedError``: the trial fails
+    and nothing in its run directory is touched."""
+    start = time.monotonic()
+    deadline, said = start + timeout, start
     while (holder := lock.holder()) is not None and stale(holder, lock.lease) is None:
-        if time.monotonic() > deadline:
-            return  # the trainer refuses the run directory, naming its holder, and Tune retries the trial
+        who = f"process {holder.get('pid')} on host {holder.get('host')!r}"
+        if time.monotonic() >= deadline:
+            raise RunLockedError(
+                f"run directory {lock.storage.path()} is still held by {who} after {timeout:g} s "
+                "(resources_timeout): the trial's earlier attempt did not end; nothing in it was changed"
+            )
+        if time.monotonic() - said >= 5.0:
+            print(f"raysim: waiting for {who} to hand over run directory {lock.storage.path()}", flush=True)
+            said = time.monotonic()
         time.sleep(0.5)
 
 
@@ -152,7 +161,7 @@ def _train_trial(values: dict[str, Any], *, base: dict, experiment: str, metric:
     run_dir = f"{experiment.rstrip('/')}/{TRIALS}/{tune.get_context().get_trial_id()}"
     config = trial_config(base, values, run_dir, metric)
     storage = open_storage(run_dir)
-    wait_for_handover(RunLock(storage))
+    wait_for_handover(RunLock(storage), config.resources_timeout)
     reporter = TuneReport(storage, metric)
     handed = tune.get_checkpoint()
     if handed is None:
