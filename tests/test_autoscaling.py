@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_autoscaler_adds_shard_nodes_and_the_run_uses_them(tmp_path):
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)

@@ -50,6 +50,7 @@ def test_the_cluster_run_configs_ask_for_resources_that_the_worker_types_offer()
         assert fits(shard, onprem) and fits({**learner, "GPU": 0}, onprem), file
 
 
+@pytest.mark.slow
 def test_a_real_ray_job_submission_trains_and_writes_its_run_directory(tmp_path):
     with RayHead(num_cpus=4, dashboard=True) as head:
         environ = dict(head.env)

@@ -116,6 +116,7 @@ def test_a_driver_killed_at_any_phase_resumes_to_exactly_the_uninterrupted_run(
     assert_same_run(run_dir, straight)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fault", "code", "saved"),
     [
@@ -145,6 +146,7 @@ def test_sigint_and_sigterm_at_any_phase_save_the_last_completed_iteration_and_r
     assert_same_run(run_dir, straight)
 
 
+@pytest.mark.slow
 def test_sigterm_with_rays_own_handler_installed_still_saves_and_exits_143(tmp_path):
     run_dir = tmp_path / "run"
     stopped = train_cli(run_dir, fault="update:3:term", local=False, timeout=300)
@@ -153,6 +155,7 @@ def test_sigterm_with_rays_own_handler_installed_still_saves_and_exits_143(tmp_p
     assert newest(run_dir)[0].iteration == 2
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_final_evaluation_on_ray_keeps_every_iteration(tmp_path):
     run_dir = tmp_path / "run"
     stopped = train_cli(run_dir, "eval.every=0", fault="final_eval:6:int", local=False, timeout=300)
@@ -167,6 +170,7 @@ def test_a_run_stopped_by_stop_after_exits_0_and_says_how_to_resume(tmp_path, ca
     assert f"continue with `raysim resume {tmp_path / 'run'}`" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_learner_dying_during_the_final_evaluation_or_save_loses_nothing(ray_session, tmp_path, monkeypatch):
     for phase in ("final_eval", "final_save"):
         monkeypatch.setenv("RAYSIM_FAULT_AT", f"{phase}:6:learner")
@@ -332,6 +336,7 @@ def test_a_lock_left_by_a_dead_process_or_an_expired_lease_elsewhere_is_broken(t
         RunLock(storage).acquire()
 
 
+@pytest.mark.slow
 def test_two_learner_ranks_save_every_ranks_state_and_resume_exactly(ray_session, tmp_path):
     ranks = [
         *TINY,

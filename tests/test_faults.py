@@ -31,6 +31,7 @@ def rows(run_dir) -> list[dict]:
     return read_metrics(open_storage(run_dir))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lag", [0, 1])  # lag 1: the shard dies with its next chunk queued too
 def test_a_shard_killed_during_its_rollout_is_replaced_and_the_iteration_batch_is_exact(
     ray_session, tmp_path, capsys, lag
@@ -95,6 +96,7 @@ def final_weights(run_dir) -> dict:
     return Checkpoints(LocalStorage(run_dir)).newest_intact()[1]["model"]
 
 
+@pytest.mark.slow
 def test_a_learner_that_dies_is_restarted_from_the_last_completed_iteration_and_nothing_is_lost(
     ray_session, tmp_path, capsys
 ):
@@ -106,6 +108,7 @@ def test_a_learner_that_dies_is_restarted_from_the_last_completed_iteration_and_
     assert [r["iteration"] for r in rows(summary.run_dir)] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_an_overlapped_run_whose_learner_dies_drops_the_chunks_in_flight_and_loses_nothing(
     ray_session, tmp_path, capsys
 ):
@@ -116,6 +119,7 @@ def test_an_overlapped_run_whose_learner_dies_drops_the_chunks_in_flight_and_los
     assert [r["policy_lag"] for r in rows(summary.run_dir)] == [0, 1, 1, 0, 1, 1]  # collected anew at the restart
 
 
+@pytest.mark.slow
 def test_when_the_last_state_is_lost_too_the_learner_restarts_from_the_newest_checkpoint_and_the_rows_are_replaced(
     ray_session, tmp_path, capsys
 ):
@@ -134,6 +138,7 @@ def test_when_the_last_state_is_lost_too_the_learner_restarts_from_the_newest_ch
     assert [keep(r) for r in rows(summary.run_dir)] == [keep(r) for r in rows(tmp_path / "straight")]
 
 
+@pytest.mark.slow
 def test_with_nothing_surviving_the_restart_from_scratch_says_how_many_iterations_were_lost(
     ray_session, tmp_path, capsys
 ):

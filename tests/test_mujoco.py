@@ -63,6 +63,7 @@ def test_halfcheetah_config_trains_a_few_iterations(tmp_path):
     assert summary.evaluation.completed == 2 and np.isfinite(summary.evaluation.mean_return)
 
 
+@pytest.mark.slow
 def test_hopper_config_improves_its_training_return_over_a_small_budget(tmp_path):
     """The packaged hopper_ppo (observation normalization, reward scaling) learns: seed 1, 6 iterations."""
     config = raysim.load_config(

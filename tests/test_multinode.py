@@ -29,6 +29,7 @@ def run_cluster(mode: str, run_dir: Path, *extra: str) -> tuple[dict, str]:
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout
 
 
+@pytest.mark.slow
 def test_shards_spread_over_nodes_and_a_lost_node_keeps_training_with_exact_batches(tmp_path):
     outcome, out = run_cluster("remove", tmp_path / "run")
     assert len(set(outcome["placement"])) >= 2  # the 4 shards ran on several worker nodes
@@ -39,6 +40,7 @@ def test_shards_spread_over_nodes_and_a_lost_node_keeps_training_with_exact_batc
     assert outcome["removed"] in outcome["placement"] and outcome["removed"] not in outcome["final_placement"]
 
 
+@pytest.mark.slow
 def test_elastic_shards_grow_when_a_node_joins(tmp_path):
     outcome, out = run_cluster("grow", tmp_path / "run")
     assert "elastic: added 2 shard(s)" in out

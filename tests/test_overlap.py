@@ -9,6 +9,7 @@ First-arrived batches count every collected step once: trained, or reported as s
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import raysim
@@ -34,6 +35,7 @@ def rows(run_dir) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(open_storage(run_dir))]
 
 
+@pytest.mark.slow
 def test_lag_one_through_ray_actors_is_deterministic_one_version_late_and_differs_from_lockstep(ray_session, tmp_path):
     runs = {}
     for name, lag in (("a", 1), ("b", 1), ("lockstep", 0)):
@@ -83,6 +85,7 @@ def test_a_stopped_overlapped_run_resumes_to_its_budget_with_counters_that_agree
     assert state["version"] == meta["version"] == 5 and meta["env_steps"] == 1280
 
 
+@pytest.mark.slow
 def test_first_arrived_batches_train_on_the_first_chunk_and_report_late_ones_once(ray_session, tmp_path):
     slow = "{step_seconds: 0.002, chunk_steps: 32, slow_prob: 0.5, slow_factor: 20}"
     overrides = [*TINY, "backend=ray", "env.id=raysim.bench.sleeping:SleepingCartPole", f"env.kwargs={slow}"]

@@ -98,6 +98,7 @@ def raysim(args: list[str], env: dict, cwd: Path, fault: str | None = None) -> s
     )
 
 
+@pytest.mark.slow
 def test_a_run_on_s3_survives_a_killed_driver_and_is_resumed_evaluated_exported_and_plotted_from_the_bucket(
     s3, tmp_path, monkeypatch
 ):

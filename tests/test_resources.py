@@ -58,6 +58,7 @@ def test_a_run_too_big_for_a_cluster_that_cannot_grow_fails_at_once_with_the_num
     assert seconds < 60 and not any(tmp_path.iterdir())  # no run directory for a run that never started
 
 
+@pytest.mark.slow
 def test_the_same_run_fits_after_lowering_what_its_roles_ask_for(head, tmp_path):
     lower = ["--set", "shards.num_cpus=0.5", "--set", "learner.num_cpus=0.5", "--run-dir", str(tmp_path / "run")]
     done, _ = raysim(["train", "--address", head.address, *TINY, *lower], head.env, tmp_path)
@@ -65,6 +66,7 @@ def test_the_same_run_fits_after_lowering_what_its_roles_ask_for(head, tmp_path)
     assert "done: 256 env steps" in done.stdout
 
 
+@pytest.mark.slow
 def test_plain_raysim_train_attaches_to_the_cluster_running_on_this_machine(head, tmp_path):
     lower = ["--set", "shards.num_cpus=0.5", "--set", "learner.num_cpus=0.5", "--run-dir", str(tmp_path / "run")]
     done, _ = raysim(["train", *TINY, *lower], head.env, tmp_path)
@@ -73,6 +75,7 @@ def test_plain_raysim_train_attaches_to_the_cluster_running_on_this_machine(head
     assert f":{head.port} (--address local starts an embedded one instead)" in done.stdout
 
 
+@pytest.mark.slow
 def test_address_local_starts_an_embedded_ray_beside_a_running_cluster(head, tmp_path):
     done, _ = raysim(["train", "--address", "local", *TINY, "--run-dir", str(tmp_path / "run")], head.env, tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -92,6 +95,7 @@ def test_a_job_submission_address_given_to_attach_is_explained(tmp_path):
     assert "ray job submit" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_attaching_to_a_token_cluster_without_the_token_says_what_to_set(head, tmp_path):
     env = {k: v for k, v in head.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     env["HOME"] = str(tmp_path)  # no ~/.ray/auth_token either
@@ -100,6 +104,7 @@ def test_attaching_to_a_token_cluster_without_the_token_says_what_to_set(head, t
     assert "requires token authentication: set RAY_AUTH_MODE=token" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_the_embedded_ray_has_room_for_every_learner_rank(tmp_path):
     ranks = ["--set", "learner.ranks=2", "--set", "shards.count=2", "--run-dir", str(tmp_path / "run")]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

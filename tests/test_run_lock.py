@@ -259,6 +259,7 @@ def elsewhere(**fields) -> bytes:
     return json.dumps({"host": "another-host", "pid": 1, "token": "elsewhere", "lease_seconds": 120, **fields}).encode()
 
 
+@pytest.mark.slow
 def test_on_s3_processes_racing_to_break_one_stale_lock_have_exactly_one_winner(s3):
     uri = "s3://raysim-lock/runs/race"
 

@@ -49,6 +49,7 @@ def cluster():
         yield head, runs
 
 
+@pytest.mark.slow
 def test_learner_and_shards_on_a_host_without_the_run_directory_train_restart_resume_evaluate_and_export(cluster):
     head, runs = cluster
     outcome = driver("learner", head, runs / "run")
@@ -60,6 +61,7 @@ def test_learner_and_shards_on_a_host_without_the_run_directory_train_restart_re
     assert (runs / "run" / "resources" / "initial_states.npy").is_file()  # exported by the driver, beside it
 
 
+@pytest.mark.slow
 def test_two_learner_ranks_one_on_each_host_meet_and_train(cluster):
     head, runs = cluster
     outcome = driver("ranks", head, runs / "ranks")

@@ -203,6 +203,7 @@ def head():
         yield started
 
 
+@pytest.mark.slow
 def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(head, tmp_path):
     experiment = tmp_path / "asha"
     # two learning trials run to the end; then a third that barely learns (lr 1e-6) is stopped at the first rung
@@ -252,6 +253,7 @@ def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(he
     assert (run / "configs" / "train.yaml").exists()
 
 
+@pytest.mark.slow
 def test_pbt_exploit_restores_the_donors_checkpoint_with_the_mutated_learning_rate(head, tmp_path):
     experiment = tmp_path / "pbt"
     command = [RAYSIM, "tune", "--param", "algo.lr=choice:1e-4,3e-3", "--samples", "2", "--scheduler", "pbt"]

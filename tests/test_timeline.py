@@ -130,6 +130,7 @@ class KillLearnerAt:
         self.trainer = None
 
 
+@pytest.mark.slow
 def test_a_learner_restarted_from_an_older_checkpoint_retires_the_newer_ones_before_it_goes_on(
     ray_session, tmp_path, capsys
 ):

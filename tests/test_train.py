@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import raysim
@@ -94,6 +95,7 @@ def same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
+@pytest.mark.slow
 def test_a_run_through_ray_actors_writes_its_run_directory_and_equals_the_local_run(ray_session, tmp_path):
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
     on_ray = run(raysim.load_config(None, overrides=[*TINY, "backend=ray", f"run_dir={ray_dir}"]))
@@ -131,6 +133,7 @@ def test_a_run_through_ray_actors_writes_its_run_directory_and_equals_the_local_
     assert on_ray.evaluation.completed == on_local.evaluation.completed == 4
 
 
+@pytest.mark.slow
 def test_a_users_own_script_runs_the_trainer_on_its_own_ray(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)

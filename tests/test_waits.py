@@ -194,6 +194,7 @@ def test_a_lost_role_without_room_for_its_replacement_ends_the_run_after_resourc
     assert Checkpoints(LocalStorage(tmp_path / "run")).newest_intact(announce=False)[0].iteration == 2
 
 
+@pytest.mark.slow
 def test_a_trial_whose_earlier_attempt_never_hands_over_is_refused_and_its_run_directory_kept(tmp_path, capsys):
     storage = open_storage(tmp_path / "trial")
     earlier = RunLock(storage)  # a live process (this one) still holds the trial's run directory

@@ -108,6 +108,7 @@ def test_wheel_runs_a_short_collection_benchmark(wheel_venv: Path, tmp_path: Pat
     assert "peers (Gymnasium, EnvPool): the peers live in the source tree's benchmarks/" in result.stdout  # ...said so
 
 
+@pytest.mark.slow
 def test_wheel_runs_the_solve_benchmark_with_raysims_rows_and_says_the_peers_are_skipped(
     wheel_venv: Path, tmp_path: Path
 ):
