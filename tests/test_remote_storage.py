@@ -8,10 +8,8 @@ snapshot and the task's resources travel through the bucket, the metrics are wri
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from raysim.checkpoint import Checkpoints
 from raysim.records import read_metrics
 from raysim.storage import open_storage
-from tests.support.ray_head import free_port
+from tests.support.moto_s3 import moto_server
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [
@@ -48,31 +46,9 @@ TINY = [
 def s3(tmp_path_factory):
     """An S3 endpoint on localhost with a bucket ``raysim-test``; the variables every client needs."""
     pytest.importorskip("moto", reason="moto[server] is in the test extra: pip install -e '.[test]'")
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        from pyarrow import fs
+    from pyarrow import fs
 
+    with moto_server() as (port, env):
         bucket = fs.S3FileSystem(
             endpoint_override=f"127.0.0.1:{port}",
             scheme="http",
@@ -83,9 +59,6 @@ def s3(tmp_path_factory):
         )
         bucket.create_dir("raysim-test")
         yield env
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def raysim(args: list[str], env: dict, cwd: Path, fault: str | None = None) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ import pytest
 from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
 from raysim.sweep.trial import start_over
 from tests.support.lock_race import race
-from tests.support.ray_head import free_port
+from tests.support.moto_s3 import moto_server
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = socket.gethostname()
@@ -207,14 +207,6 @@ def test_a_restarted_trial_never_deletes_a_run_directory_a_live_process_holds(tm
 
 # -- S3 -------------------------------------------------------------------------------------------------
 
-SERVE_ONE_AT_A_TIME = """
-import sys
-from werkzeug.serving import run_simple
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-run_simple("127.0.0.1", int(sys.argv[1]), DomainDispatcherApplication(create_backend_app), threaded=False,
-           request_handler=MotoRequestHandler)
-"""
-
 
 @pytest.fixture(scope="module")
 def s3():
@@ -222,37 +214,18 @@ def s3():
     threaded server checks the condition and writes in two steps); a bucket; the variables every client needs."""
     pytest.importorskip("moto", reason="moto[server] is in the test extra: pip install -e '.[test]'")
     boto3 = pytest.importorskip("boto3", reason="boto3 is in the test extra: pip install -e '.[test]'")
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", SERVE_ONE_AT_A_TIME, str(port)], stderr=subprocess.DEVNULL)
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        boto3.client("s3").create_bucket(Bucket="raysim-lock")
-        yield env
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        server.terminate()
-        server.wait(timeout=10)
+    with moto_server(one_at_a_time=True) as (_, env):
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            boto3.client("s3").create_bucket(Bucket="raysim-lock")
+            yield env
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def elsewhere(**fields) -> bytes:
