@@ -101,7 +101,7 @@ class Acting(Protocol):
     steps_done: int
     group_rounds: int
 
-    def sample_discrete(self, policy_obs: torch.Tensor, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
+    def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
 
     def restart_rows(self, step: Step, rows: torch.Tensor) -> int: ...
 
@@ -164,8 +164,8 @@ class ChunkBuffer:
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         """A sampled action for every row, written with its log-probability into step ``t``."""
         if self.fast:
-            return self.shard.sample_discrete(obs["policy"], self.actions_t[t], self.logp_t[t])
-        action, self.logp[t] = self.shard.actor.sample(obs["policy"], self.shard.generator)
+            return self.shard.sample_discrete(obs, self.actions_t[t], self.logp_t[t])
+        action, self.logp[t] = self.shard.actor.sample(obs, self.shard.generator)
         if self.actions is None:
             self.actions = torch.empty((self.capacity, *action.shape), dtype=action.dtype)
         self.actions[t] = action
@@ -434,8 +434,8 @@ class EvalEnding(Ending):
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         actor = self.shard.actor
         if self.plan.deterministic:
-            return actor.deterministic(obs["policy"], by_row=True)
-        return actor.sample(obs["policy"], keys=(self.noise_key, self.episode_step), by_row=True)[0]
+            return actor.deterministic(obs, by_row=True)
+        return actor.sample(obs, keys=(self.noise_key, self.episode_step), by_row=True)[0]
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         self.episode_step += 1 if step.valid is None else step.valid  # an env's own reset transition is none
