@@ -152,3 +152,19 @@ def test_an_exported_multi_input_policy_acts_as_the_model(spot_run, tmp_path, fo
         session = ort.InferenceSession(str(out))
         got = session.run(None, {k: v.numpy() for k, v in obs.items()})[0]
         assert np.array_equal(got, expected.numpy())
+
+
+def test_a_checkpoint_saved_before_named_inputs_resumes_and_a_changed_input_is_refused_in_one_line():
+    from raysim.config import to_dict
+    from raysim.coordinator.snapshot import resume_refusal
+
+    config = raysim.load_config(None, [])
+    before = {
+        k: v
+        for k, v in to_dict(config.model).items()
+        if k not in ("actor_inputs", "critic_inputs", "cnn", "cnn_features")
+    }
+    assert resume_refusal({"model": before}, config) is None
+    changed = raysim.load_config(None, ["model.cnn=impala"])
+    refusal = resume_refusal({"model": before}, changed)
+    assert refusal.splitlines()[1:] == ["  model.cnn: checkpoint has 'auto', this config has 'impala'"]
