@@ -168,3 +168,20 @@ def test_a_checkpoint_saved_before_named_inputs_resumes_and_a_changed_input_is_r
     changed = raysim.load_config(None, ["model.cnn=impala"])
     refusal = resume_refusal({"model": before}, changed)
     assert refusal.splitlines()[1:] == ["  model.cnn: checkpoint has 'auto', this config has 'impala'"]
+
+
+def test_networks_with_a_cnn_act_and_value_through_their_own_forward_not_the_fused_path():
+    from raysim.rollout.advantages import chunk_values
+
+    shard, chunk = shard_chunk("uint8")
+    assert not shard.actor.fusable and shard._acting is None  # the fused MLP path never took the CNN actor
+    obs = {k: v[:-1].flatten(0, 1) for k, v in chunk.obs.items()}
+    with inference(shard.actor):
+        logp, _ = shard.actor.log_prob_entropy(obs, chunk.actions.flatten())
+    assert torch.allclose(logp, chunk.logp.flatten(), atol=1e-6)
+    env = make(SPOT, 1)
+    config = ModelConfig(actor_inputs=["camera", "joints"], critic_inputs=["camera", "critic"], hidden_sizes=[16])
+    critic = ActorCritic(env.observation_spaces, env.action_space, config).critic
+    values, _ = chunk_values(critic, chunk)
+    with inference(critic):
+        assert torch.allclose(values, critic({k: v[:-1].flatten(0, 1) for k, v in chunk.obs.items()}).reshape(8, 4))
