@@ -128,6 +128,7 @@ def test_ppo_trains_a_cnn_and_mlp_actor_with_a_privileged_critic_and_resumes(spo
     assert any(k.startswith("actor.encoders.camera.") for k in keys)
     assert not any(k.startswith("critic.encoders.") for k in keys)
     assert state["model"]["critic.net.0.weight"].shape[1] == 1  # the critic reads its one privileged value
+    assert state["shards"][0]["obs"]["camera"].dtype == torch.uint8  # the checkpointed shard state keeps uint8
     resumed = raysim.Trainer.from_run_dir(spot_run, overrides=["train.total_steps=384"]).train()
     assert locate_checkpoint(spot_run)[3]["iteration"] > meta["iteration"]
     assert Path(resumed.run_dir) == spot_run
