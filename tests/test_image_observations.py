@@ -67,6 +67,19 @@ def test_a_chunk_of_uint8_images_has_a_quarter_of_the_float32_bytes_and_the_same
     assert state["obs"]["camera"].dtype == torch.uint8
 
 
+def test_a_shard_actor_hands_the_learner_uint8_images_through_the_object_store(ray_session):
+    model = ModelConfig(**INPUTS, hidden_sizes=[16])
+    shard = ray_session.remote(num_cpus=1)(EnvShard).remote(SPOT, 4, 3, model)
+    try:
+        local = EnvShard(SPOT, 4, seed=3, model=model)
+        weights = {"version": 0, "actor": local.actor.state_dict()}
+        chunk = ray_session.get(shard.rollout.remote(weights, 8))
+        assert chunk.obs["camera"].dtype == torch.uint8 and chunk.final_obs["camera"].dtype == torch.uint8
+        assert torch.equal(chunk.obs["camera"], local.rollout(weights, 8).obs["camera"])  # same seed, same rows
+    finally:
+        ray_session.kill(shard)
+
+
 def test_the_actor_reads_its_named_inputs_through_a_cnn_and_the_critic_its_own():
     env = make(SPOT, 2, seed=0, size=40, layout="chw")
     model = ActorCritic(env.observation_spaces, env.action_space, ModelConfig(**INPUTS, obs_norm=True))

@@ -69,7 +69,8 @@ class EvalEpisodes:
     from ``derive_seed(seed, EVAL_EPISODE, j)``, a stochastic one (``deterministic`` False) samples
     its actions from counter-based noise keyed by ``derive_seed(seed, EVAL_ACTION_NOISE, j)`` and the
     episode's step, and the actor computes each row alone (``Actor.forward(by_row=True)``), so episode
-    ``j`` is the same on any layout. ``max_steps``: the steps an episode may take; one still running
+    ``j`` is the same on any layout (with image inputs up to the last bits: CNN features are computed
+    batched, see ``Actor.forward``). ``max_steps``: the steps an episode may take; one still running
     then is cut and not counted. ``stop_after`` ends the run once that many episodes were counted
     ("first n to finish", the biased count kept for comparison; which episodes those are depends on
     the layout).
