@@ -130,6 +130,7 @@ def spot_run(tmp_path_factory) -> Path:
         "model.hidden_sizes=[32]",
         "model.actor_inputs=[camera, joints]",
         "model.critic_inputs=[critic]",
+        "model.obs_norm=true",
         f"run_dir={root / 'run'}",
     ]
     return Path(raysim.Trainer(raysim.load_config(None, overrides)).train().run_dir)
@@ -142,6 +143,7 @@ def test_ppo_trains_a_cnn_and_mlp_actor_with_a_privileged_critic_and_resumes(spo
     assert not any(k.startswith("critic.encoders.") for k in keys)
     assert state["model"]["critic.net.0.weight"].shape[1] == 1  # the critic reads its one privileged value
     assert state["shards"][0]["obs"]["camera"].dtype == torch.uint8  # the checkpointed shard state keeps uint8
+    assert state["model"]["actor.obs_norm.mean"].shape == (2,) and state["model"]["actor.obs_norm.count"] > 0
     resumed = raysim.Trainer.from_run_dir(spot_run, overrides=["train.total_steps=384"]).train()
     assert locate_checkpoint(spot_run)[3]["iteration"] > meta["iteration"]
     assert Path(resumed.run_dir) == spot_run

@@ -212,15 +212,11 @@ class Learner:
         networks = [m for m in (self.model.actor, self.model.critic) if m is not None and m.obs_norm is not None]
         if not networks:
             return
-        batches = [
-            (
-                m.obs_norm,
-                moments(
-                    torch.cat([m.vector_input({g: c.obs[g][:-1][c.mask] for g in m.vector_groups}) for c in chunks])
-                ),
-            )
-            for m in networks
-        ]
+
+        def valid(network, chunk: RolloutChunk) -> torch.Tensor:
+            return network.vector_input({g: chunk.obs[g][:-1][chunk.mask] for g in network.vector_groups})
+
+        batches = [(m.obs_norm, moments(torch.cat([valid(m, c) for c in chunks]))) for m in networks]
         merge_across_ranks(batches, self.ranks.gather, self.device)
 
     def metrics(self) -> dict[str, float]:

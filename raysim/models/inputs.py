@@ -16,6 +16,7 @@ inputs (``obs_norm.*``, ``net.*``): its ``net`` is a plain ``mlp()``, which the 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -41,16 +42,18 @@ def critic_groups(
 class GroupInputs(nn.Module):
     """Base of the actor and the critic: its ``inputs``, their ``encoders`` and ``obs_norm``; ``in_dim`` for ``net``."""
 
-    def __init__(self, observation_spaces: dict[str, gym.Space], inputs: list[str], key: str, config) -> None:
+    def __init__(self, observation_spaces: dict[str, gym.Space], inputs: list[str], key: str, config: Any) -> None:
+        """``config``: the ``ModelConfig`` (``cnn``, ``cnn_features``, ``obs_norm``, ``obs_norm_clip``); ``key``: the
+        setting that named ``inputs``, for the message when the env lacks one of them."""
         super().__init__()
-        missing = [g for g in inputs if g not in observation_spaces]
-        if not inputs or missing:
-            raise ValueError(
-                f"{key} names group {missing[0]!r}, which the env does not have; its groups: "
-                f"{sorted(observation_spaces)}"
-                if missing
-                else f"{key} must name at least one observation group; the env's: {sorted(observation_spaces)}"
-            )
+        if not inputs:
+            raise ValueError(f"{key} must name at least one observation group; the env's: {sorted(observation_spaces)}")
+        for group in inputs:
+            if group not in observation_spaces:
+                raise ValueError(
+                    f"{key} names group {group!r}, which the env does not have; "
+                    f"its groups: {sorted(observation_spaces)}"
+                )
         self.inputs = list(inputs)
         self.vector_groups = [g for g in inputs if not is_image_space(observation_spaces[g])]
         self.image_groups = [g for g in inputs if is_image_space(observation_spaces[g])]
