@@ -262,7 +262,8 @@ def add_export(commands, common) -> None:
         parents=[common],
         help="export a trained policy (TorchScript / ONNX)",
         description="Write the deterministic policy of a run's newest intact checkpoint (or a checkpoint directory) "
-        "as a standalone file: a policy observation batch [B, obs_dim] (float32) -> the action batch "
+        "as a standalone file: a policy observation batch [B, obs_dim] (float32; an actor of several groups or "
+        "images: a dict of its groups, model.actor_inputs) -> the action batch "
         "(discrete: int64 argmax; continuous: the mean clipped or squashed into the action space), "
         "observation normalization baked in. Loading it needs torch or an ONNX runtime, not raysim.",
     )
@@ -463,7 +464,8 @@ def export_command(args: argparse.Namespace) -> int:
         raise OutputPathError(str(error)) from error
     print(
         f"export: {info['out']} ({info['format']}, {info['env_id']}, checkpoint {info['checkpoint']}, "
-        f"obs {info['observation_shape']} -> {info['action_space']}"
+        f"obs {info['observation_shape'] if len(info['inputs']) == 1 else info['observation_shapes']} "
+        f"-> {info['action_space']}"
         f"{', normalization baked in' if info['normalized'] else ''})"
     )
     return 0

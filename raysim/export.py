@@ -1,16 +1,19 @@
 """``raysim export``: a trained policy as a standalone TorchScript or ONNX file.
 
-The exported module maps a batch of ``policy`` observations ``[B, *obs_shape]`` (float32) to the
-deterministic action batch that ``raysim eval`` takes (``Actor.deterministic`` then
-``Actor.env_action``): discrete tasks give int64 ``argmax`` indices ``[B]``; continuous tasks the
-Gaussian mean, clipped to the action space (``model.action_transform: clip``) or squashed into it
-(``squash``), float32 ``[B, *action_shape]``. It needs torch (TorchScript) or an ONNX runtime,
-not raysim.
+The exported module maps a batch of the actor's observations to the deterministic action batch
+that ``raysim eval`` takes (``Actor.deterministic`` then ``Actor.env_action``): discrete tasks give
+int64 ``argmax`` indices ``[B]``; continuous tasks the Gaussian mean, clipped to the action space
+(``model.action_transform: clip``) or squashed into it (``squash``), float32 ``[B, *action_shape]``.
+It needs torch (TorchScript) or an ONNX runtime, not raysim. An actor that reads one vector group
+(``model.actor_inputs``, default ``[policy]``) takes one tensor ``[B, *obs_shape]`` (float32), as
+before named inputs; any other (several groups, an image group with its CNN) takes a dict of its
+groups (``Dict[str, Tensor]``; image groups uint8, as the env gives them), and its ONNX file has one
+input per group, named after it, in the order of ``info["inputs"]``.
 
 Observation normalization is baked in when the actor has it (``model.obs_norm: true``): the
 module computes ``clamp((obs - mean) / sqrt(var + epsilon), -clip, clip)`` with the running
-statistics of the checkpoint's actor (``actor.obs_norm.*`` buffers) before the network, as the
-actor's own forward does; otherwise the observation goes to the network unchanged.
+statistics of the checkpoint's actor (``actor.obs_norm.*`` buffers) on its vector groups before the
+network, as the actor's own forward does; otherwise the observation goes to the network unchanged.
 
 The model is built from the run's ``configs/train.yaml`` (``model`` section) and the env's spaces
 (``raysim.envs.make(env.id, 1, **env.kwargs)``); the weights are the checkpoint's
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from raysim.envs.spaces import group_dtype
 from raysim.models import Actor, actor_state, to_action_space
 
 FORMATS = ("torchscript", "onnx")
@@ -67,13 +71,46 @@ class DeterministicPolicy(nn.Module):
         self.register_buffer("action_high", high)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.to(torch.float32).flatten(1)
+        return self.act(self.normalized(obs.to(torch.float32).flatten(1)))
+
+    def normalized(self, x: torch.Tensor) -> torch.Tensor:
+        """The vector input normalized by the baked-in statistics (unchanged without them)."""
         if self.normalize:
             x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.clip, self.clip)
+        return x
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        """The network on its input, then argmax (discrete) or the mean into the action space."""
         out = self.net(x)
         if self.discrete:
             return out.argmax(-1)
         return to_action_space(out, self.action_low, self.action_high, self.squash)
+
+
+class MultiInputPolicy(DeterministicPolicy):
+    """A dict of observation groups -> the deterministic action batch: vector groups concatenated and
+    normalized, each image group through its CNN (uint8 in, ``x / 255`` inside), as ``Actor.features``."""
+
+    __constants__ = [*DeterministicPolicy.__constants__, "vector_groups"]  # a tuple: TorchScript unrolls the loop
+
+    def __init__(self, actor: Actor):
+        super().__init__(actor)
+        self.vector_groups = tuple(actor.vector_groups)
+        self.encoders = actor.encoders
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        vectors: list[torch.Tensor] = []
+        for group in self.vector_groups:
+            vectors.append(obs[group].to(torch.float32).flatten(1))
+        parts: list[torch.Tensor] = [self.normalized(torch.cat(vectors, 1))] if len(vectors) > 0 else []
+        for name, encoder in self.encoders.items():
+            parts.append(encoder(obs[name]))
+        return self.act(torch.cat(parts, 1))
+
+
+def deterministic_policy(actor: Actor) -> DeterministicPolicy:
+    """The export module of ``actor``: one tensor for one vector group, a dict of groups otherwise."""
+    return DeterministicPolicy(actor) if actor.fusable and len(actor.inputs) == 1 else MultiInputPolicy(actor)
 
 
 def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
@@ -93,19 +130,22 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
         storage.close()  # the local copy of a remote run's configs
     try:
         actor = Actor(env.observation_spaces, env.action_space, config.model)
-        observation_space, action_space = env.observation_spaces["policy"], env.action_space
+        observation_spaces, action_space = env.observation_spaces, env.action_space
     finally:
         env.close()
     weights = actor_state(state.get("model", {}))
     if not weights:
         raise CheckpointError(f"checkpoint {checkpoint} has no actor weights (state['model'] 'actor.*')")
     actor.load_state_dict(weights)
-    policy = DeterministicPolicy(actor).eval()
+    policy = deterministic_policy(actor).eval()
     info = {
         "env_id": config.env.id,
         "checkpoint": storage.path(checkpoint.rel),
         "iteration": meta.get("iteration"),
-        "observation_shape": list(observation_space.shape),
+        "inputs": list(actor.inputs),
+        "observation_shape": list(observation_spaces[actor.inputs[0]].shape),
+        "observation_shapes": {g: list(observation_spaces[g].shape) for g in actor.inputs},
+        "observation_dtypes": {g: str(group_dtype(observation_spaces[g])) for g in actor.inputs},
         "action_space": str(action_space),
         "discrete": policy.discrete,
         "normalized": policy.normalize,
@@ -132,7 +172,8 @@ def export_policy(path: str | Path, out: str | Path, format: str = "torchscript"
     policy, info = load_policy(path)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    example = torch.zeros(2, *info["observation_shape"])
+    example = example_input(policy, info)
+    names = list(example) if isinstance(example, dict) else ["obs"]
     if format == "torchscript":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's notice; the format stays loadable
@@ -143,12 +184,23 @@ def export_policy(path: str | Path, out: str | Path, format: str = "torchscript"
             warnings.simplefilter("ignore")  # the TorchScript-based exporter's deprecation notice
             torch.onnx.export(
                 policy,
-                (example,),
+                (example, {}) if isinstance(example, dict) else (example,),  # {}: the dict is an input, not kwargs
                 str(out),
                 dynamo=False,
-                input_names=["obs"],
+                input_names=names,
                 output_names=["action"],
-                dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
+                dynamic_axes={**{name: {0: "batch"} for name in names}, "action": {0: "batch"}},
                 opset_version=17,
             )
     return {**info, "format": format, "out": str(out)}
+
+
+def example_input(policy: DeterministicPolicy, info: dict[str, Any]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Two rows of zeros in the exported module's input form (a tensor, or a dict of groups in their dtypes)."""
+    if not isinstance(policy, MultiInputPolicy):
+        return torch.zeros(2, *info["observation_shape"])
+    dtypes = {"torch.uint8": torch.uint8, "torch.float32": torch.float32}
+    return {
+        g: torch.zeros(2, *info["observation_shapes"][g], dtype=dtypes[info["observation_dtypes"][g]])
+        for g in info["inputs"]
+    }

@@ -33,7 +33,7 @@ def decouple(parts: list[Batch], chunks: list[RolloutChunk], version: int, actor
 def proximal(part: Batch, actor: Actor, max_is_weight: float) -> Batch:
     """The ``logprobs`` of the learner's policy now (``actor``) and ``is_weights``: now over acting, truncated."""
     with inference(actor):
-        logprobs, _ = actor.log_prob_entropy(part["obs"]["policy"], part["actions"])
+        logprobs, _ = actor.log_prob_entropy(part["obs"], part["actions"])
     is_weights = torch.exp(logprobs - part["logprobs"]).clamp(max=max_is_weight)
     return {"logprobs": logprobs, "is_weights": is_weights}
 

@@ -82,7 +82,7 @@ def chunk_advantages(chunk: RolloutChunk, config: GRPOConfig) -> torch.Tensor:
 
 def grpo_loss(actor: Actor, batch: Batch, config: GRPOConfig, reference: Actor | None) -> tuple[torch.Tensor, dict]:
     """The GRPO loss of one minibatch and its metrics (tensors, still on the device)."""
-    newlogprob, entropy = actor.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
+    newlogprob, entropy = actor.log_prob_entropy(batch["obs"], batch["actions"])
     logratio = newlogprob - batch["logprobs"]
 
     pg_loss = -importance_weighted(clipped_objective(logratio, batch["advantages"], config.clip_coef), batch).mean()
@@ -90,7 +90,7 @@ def grpo_loss(actor: Actor, batch: Batch, config: GRPOConfig, reference: Actor |
     kl = torch.zeros((), device=newlogprob.device)
     if config.kl_coef > 0 and reference is not None:
         with torch.no_grad():
-            ref_logprob, _ = reference.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
+            ref_logprob, _ = reference.log_prob_entropy(batch["obs"], batch["actions"])
         diff = ref_logprob - newlogprob
         kl = (diff.exp() - diff - 1).mean()  # k3 estimator of KL(pi || pi_ref)
 

@@ -100,7 +100,7 @@ def ratio_metrics(logratio: torch.Tensor, clip_coef: float) -> dict[str, torch.T
 
 def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch.Tensor, dict]:
     """The PPO loss of one minibatch and its metrics (tensors, still on the device)."""
-    newlogprob, entropy = model.actor.log_prob_entropy(batch["obs"]["policy"], batch["actions"])
+    newlogprob, entropy = model.actor.log_prob_entropy(batch["obs"], batch["actions"])
     logratio = newlogprob - batch["logprobs"]
 
     advantages = batch["advantages"]

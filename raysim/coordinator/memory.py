@@ -14,10 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from raysim.algos import algorithm_class
 from raysim.config import Config
+from raysim.envs.spaces import group_dtype
 
 #: Per row and step besides observations and actions: log-probability and reward (float32), terminated,
 #: truncated and mask (bool).
@@ -59,7 +58,7 @@ def memory_need(config: Config, spaces: tuple[dict[str, Any], Any]) -> MemoryNee
     plan = algorithm_class(config.algo.name).collection(config.algo)
     steps = plan.steps_per_row or plan.max_steps  # a round of episodes is bounded by max_steps
     observations, action = spaces
-    obs = sum(math.prod(s.shape) * min(np.dtype(s.dtype).itemsize, 4) for s in observations.values())
+    obs = sum(math.prod(s.shape) * group_dtype(s).itemsize for s in observations.values())  # images: uint8
     act = math.prod(action.shape or (1,)) * 4
     rows = config.env.num_envs
     chunk = float(rows * ((steps + 1) * obs + steps * (act + STEP_BYTES)))

@@ -93,6 +93,8 @@ def resume_refusal(meta: dict[str, Any], config: Config) -> str | None:
     saved_model = meta.get("model")
     if isinstance(saved_model, dict):
         model = to_dict(config.model)
+        # a key the checkpoint predates (e.g. model.actor_inputs) had its default then
+        saved_model = {**to_dict(type(config.model)()), **saved_model}
         for key in sorted(set(saved_model) | set(model)):
             if key not in START_ONLY_MODEL_KEYS and saved_model.get(key) != model.get(key):
                 lines.append(

@@ -16,8 +16,10 @@ each into raysim's same-step contract:
   episodes are keyed by row and depend on the layout (``raysim.rollout.endings.EvalEnding``).
 
 Observations: a ``Box`` space becomes the ``policy`` group; a ``Dict`` of ``Box`` spaces maps each
-key to a group of the same name (``policy`` required). Episode reports carry ``return``,
-``length`` and, where the env's info has ``is_success`` or ``success``, ``success``.
+key to a group of the same name (the model config names the groups its networks read). An image
+group (``raysim.envs.spaces``: a uint8 ``Box`` of three dimensions) stays uint8; every other group
+becomes float32. Episode reports carry ``return``, ``length`` and, where the env's info has
+``is_success`` or ``success``, ``success``.
 
 Ids of a namespace another package registers (``ALE/...``: ``ale_py``) are registered by importing
 it; a package that is not installed (that one, or one Gymnasium reports with ``DependencyNotInstalled``)
@@ -38,6 +40,7 @@ from gymnasium.vector import AutoresetMode
 
 from raysim.envs.contract import BatchedEnv, Obs, Step, check_actions, check_num_envs
 from raysim.envs.errors import MissingDependencyError, UnknownEnvError
+from raysim.envs.spaces import group_dtype
 
 VECTORIZE = ("sync", "async", "native")
 #: Namespaces whose ids another package registers when it is imported: namespace -> (module, what to install).
@@ -87,6 +90,7 @@ class GymAdapter(BatchedEnv):
             raise ValueError(f"{self.env_id}: a native vector env with autoreset DISABLED is not supported")
         self.action_space = self.vec.single_action_space
         self.observation_spaces = _observation_groups(self.env_id, self.vec.single_observation_space)
+        self._dtypes = {k: group_dtype(space) for k, space in self.observation_spaces.items()}
         spec = gym.spec(gym_id)
         self.max_episode_steps = env_kwargs.get("max_episode_steps", spec.max_episode_steps)
         self.episode_return = np.zeros(self.num_envs, dtype=np.float32)
@@ -171,10 +175,10 @@ class GymAdapter(BatchedEnv):
         self.vec.close()
 
     def _to_groups(self, obs: Any) -> Obs:
-        """Owned float32 tensors, one per observation group."""
+        """Owned tensors, one per observation group: uint8 for an image group, float32 for a vector one."""
         if not isinstance(obs, dict):
             obs = {"policy": obs}
-        return {k: torch.tensor(np.asarray(obs[k]), dtype=torch.float32) for k in self.observation_spaces}
+        return {k: torch.tensor(np.asarray(obs[k]), dtype=self._dtypes[k]) for k in self.observation_spaces}
 
 
 def register_namespace(gym_id: str) -> None:
@@ -200,12 +204,12 @@ def raysim_extra(message: str) -> str:
 def _observation_groups(env_id: str, space: gym.Space) -> dict[str, gym.Space]:
     if isinstance(space, gym.spaces.Box):
         return {"policy": space}
-    if isinstance(space, gym.spaces.Dict) and "policy" in space.spaces:
-        if all(isinstance(s, gym.spaces.Box) for s in space.spaces.values()):
-            return dict(space.spaces)
+    if isinstance(space, gym.spaces.Dict) and all(isinstance(s, gym.spaces.Box) for s in space.spaces.values()):
+        return dict(space.spaces)
     raise ValueError(
-        f"{env_id}: observation space {space} is not supported; use a Box, or a Dict of Boxes with a "
-        "'policy' key (wrap the env with gymnasium.wrappers.FlattenObservation for other spaces)"
+        f"{env_id}: observation space {space} is not supported; use a Box, or a Dict of Boxes (its keys are the "
+        "groups model.actor_inputs and model.critic_inputs name; wrap the env with "
+        "gymnasium.wrappers.FlattenObservation for other spaces)"
     )
 
 

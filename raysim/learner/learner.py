@@ -206,20 +206,17 @@ class Learner:
         """Merge the chunks' valid observations into the running observation statistics (``model.obs_norm``).
 
         The only place the statistics change: from training chunks (``obs[g][:-1][mask]``; never
-        final_obs, evaluation or the shards). The actor's normalizer takes group ``policy``, the
-        critic's its own group; all ranks end with the statistics of the union of their batches.
+        final_obs, evaluation or the shards). Each network's normalizer takes the vector groups it reads
+        (``GroupInputs.vector_input``); all ranks end with the statistics of the union of their batches.
         """
-        networks = [
-            (m.obs_norm, "policy" if m is self.model.actor else m.group)
-            for m in (self.model.actor, self.model.critic)
-            if m is not None and m.obs_norm is not None
-        ]
+        networks = [m for m in (self.model.actor, self.model.critic) if m is not None and m.obs_norm is not None]
         if not networks:
             return
-        batches = [
-            (norm, moments(torch.cat([c.obs[group][:-1][c.mask].flatten(1) for c in chunks])))
-            for norm, group in networks
-        ]
+
+        def valid(network, chunk: RolloutChunk) -> torch.Tensor:
+            return network.vector_input({g: chunk.obs[g][:-1][chunk.mask] for g in network.vector_groups})
+
+        batches = [(m.obs_norm, moments(torch.cat([valid(m, c) for c in chunks]))) for m in networks]
         merge_across_ranks(batches, self.ranks.gather, self.device)
 
     def metrics(self) -> dict[str, float]:

@@ -1,7 +1,9 @@
-"""MLP actor-critic: a Categorical or Gaussian actor on the ``policy`` group, a critic on ``critic``.
+"""Actor-critic: a Categorical or Gaussian actor on ``model.actor_inputs``, a critic on ``model.critic_inputs``.
 
-With ``obs_norm`` each network normalizes its input group by running statistics
-(``raysim.models.normalizer.RunningNorm``, submodule ``obs_norm``), updated by the learner only.
+Each network reads its named observation groups (``raysim.models.inputs.GroupInputs``: a CNN per
+image group, the vector groups concatenated) into an MLP, ``net``. With ``obs_norm`` each network
+normalizes its vector groups by running statistics (``raysim.models.normalizer.RunningNorm``,
+submodule ``obs_norm``), updated by the learner only.
 
 The shards hold only the ``Actor``; the learner holds the whole ``ActorCritic``. Both are built
 from the env's spaces and one ``ModelConfig``, so a shard's actor loads the learner's actor weights.
@@ -22,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.models.normalizer import RunningNorm
+from raysim.models.encoders import CNNS
+from raysim.models.inputs import GroupInputs, critic_groups
 from raysim.models.rowwise import rowwise
 from raysim.schema import setting
 from raysim.seeding import keyed_normal, keyed_uniform
@@ -42,16 +45,34 @@ class Tanh(nn.Module):
 ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
+def _group_names(value: object) -> str | None:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        return f"must be a non-empty list of observation group names, got {value!r}"
+    return None
+
+
 @dataclass
 class ModelConfig:
-    """The network: hidden layer sizes, activation, how continuous actions meet the action space."""
+    """The networks: their inputs and encoders, hidden layer sizes, activation, how continuous actions meet
+    the action space."""
+
+    actor_inputs: list[str] = setting(
+        factory=lambda: ["policy"], help="observation groups the actor reads", check=_group_names
+    )
+    critic_inputs: list[str] = setting(
+        factory=lambda: ["critic"],
+        help="observation groups the critic reads (default: the actor's when the env has no critic group)",
+        check=_group_names,
+    )
+    cnn: str = setting("auto", help="encoder of image groups (auto: nature from 36 px, else small)", choices=CNNS)
+    cnn_features: int = setting(512, help="features each image group's CNN gives the MLP", low=1)
 
     hidden_sizes: list[int] = setting(factory=lambda: [64, 64], help="widths of the hidden layers", item_low=1)
     activation: str = setting("tanh", help="between the layers", choices=tuple(ACTIVATIONS))
     action_transform: str = setting("clip", help="continuous actions into the action space", choices=("clip", "squash"))
     init_log_std: float = setting(0.0, help="initial log standard deviation of Gaussian actions")
     critic: bool = setting(True, help="build a value network (critic-free algorithms default to false)")
-    obs_norm: bool = setting(False, help="normalize the actor's and critic's inputs by running mean and variance")
+    obs_norm: bool = setting(False, help="normalize the vector inputs of actor and critic by running mean and variance")
     obs_norm_clip: float = setting(
         10.0, help="normalized observations are clipped to [-clip, clip]", low=0, open_low=True
     )
@@ -79,20 +100,19 @@ def _flat_dim(space: gym.Space) -> int:
     return int(math.prod(space.shape)) if space.shape else 1
 
 
-class Actor(nn.Module):
-    """The policy: observation group ``policy`` to an action distribution."""
+class Actor(GroupInputs):
+    """The policy: the groups ``model.actor_inputs`` (a dict of them, or the one tensor) to an action distribution.
+
+    Its running statistics (``obs_norm``) are in its state_dict, so the shards receive them with the weights.
+    """
 
     def __init__(self, observation_spaces: dict[str, gym.Space], action_space: gym.Space, config: ModelConfig):
-        super().__init__()
+        super().__init__(observation_spaces, config.actor_inputs, "model.actor_inputs", config)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if not self.discrete and not isinstance(action_space, gym.spaces.Box):
             raise ValueError(f"action space {action_space} is not supported (Discrete or Box)")
         out_dim = int(action_space.n) if self.discrete else _flat_dim(action_space)
-        in_dim = _flat_dim(observation_spaces["policy"])
-        # the policy group's running statistics (model.obs_norm): in the actor's state_dict, so
-        # the shards receive them with the weights
-        self.obs_norm = RunningNorm(in_dim, config.obs_norm_clip) if config.obs_norm else None
-        self.net = mlp(in_dim, config.hidden_sizes, out_dim, config.activation, 0.01)
+        self.net = mlp(self.in_dim, config.hidden_sizes, out_dim, config.activation, 0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
             low = torch.tensor(np.asarray(action_space.low, dtype=np.float32)).reshape(-1)  # a copy: the
@@ -105,16 +125,17 @@ class Actor(nn.Module):
             if config.action_transform not in ("clip", "squash"):
                 raise ValueError(f"model.action_transform must be 'clip' or 'squash', got {config.action_transform!r}")
 
-    def forward(self, obs: torch.Tensor, by_row: bool = False) -> torch.Tensor:
-        """Logits (discrete) or the Gaussian mean (continuous); ``by_row``: each row's bitwise the same
-        in any batch (``raysim.models.rowwise``; evaluation)."""
-        x = obs.flatten(1)
-        x = x if self.obs_norm is None else self.obs_norm(x)
+    def forward(self, obs: dict[str, torch.Tensor] | torch.Tensor, by_row: bool = False) -> torch.Tensor:
+        """Logits (discrete) or the Gaussian mean (continuous); ``by_row``: the MLP computes each row bitwise the
+        same in any batch (``raysim.models.rowwise``; evaluation). CNN features are computed the normal, batched
+        way (a convolution row-wise would cost many times more): with image inputs a row's action may differ in
+        its last bits with the batch it is computed in."""
+        x = self.features(obs)
         return rowwise(self.net, x) if by_row else self.net(x)
 
     def sample(
         self,
-        obs: torch.Tensor,
+        obs: dict[str, torch.Tensor] | torch.Tensor,
         generator: torch.Generator | None = None,
         keys: tuple[torch.Tensor, torch.Tensor] | None = None,
         by_row: bool = False,
@@ -139,12 +160,14 @@ class Actor(nn.Module):
         logp = -0.5 * noise.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
         return action, logp
 
-    def deterministic(self, obs: torch.Tensor, by_row: bool = False) -> torch.Tensor:
+    def deterministic(self, obs: dict[str, torch.Tensor] | torch.Tensor, by_row: bool = False) -> torch.Tensor:
         """The mode: argmax for discrete actions, the mean for continuous ones (``by_row``: as in ``forward``)."""
         out = self(obs, by_row)
         return out.argmax(-1) if self.discrete else out
 
-    def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob_entropy(
+        self, obs: dict[str, torch.Tensor] | torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of ``actions`` and the distribution's entropy, per row (for the loss)."""
         out = self(obs)
         if self.discrete:
@@ -195,20 +218,17 @@ def sample_categorical(
     return torch.argmax(q, -1, out=out) if out is not None else q.argmax(-1)
 
 
-class Critic(nn.Module):
-    """The value function on observation group ``critic`` (or ``policy`` when the env has none)."""
+class Critic(GroupInputs):
+    """The value function on the groups ``model.critic_inputs`` (the actor's when the env has no ``critic`` group)."""
 
     def __init__(self, observation_spaces: dict[str, gym.Space], config: ModelConfig):
-        super().__init__()
-        self.group = "critic" if "critic" in observation_spaces else "policy"
-        in_dim = _flat_dim(observation_spaces[self.group])
-        self.obs_norm = RunningNorm(in_dim, config.obs_norm_clip) if config.obs_norm else None
-        self.net = mlp(in_dim, config.hidden_sizes, 1, config.activation, 1.0)
+        inputs = critic_groups(observation_spaces, config.critic_inputs, config.actor_inputs)
+        super().__init__(observation_spaces, inputs, "model.critic_inputs", config)
+        self.net = mlp(self.in_dim, config.hidden_sizes, 1, config.activation, 1.0)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Values [B] of a batch of observation groups."""
-        x = obs[self.group].flatten(1)
-        return self.net(x if self.obs_norm is None else self.obs_norm(x)).squeeze(-1)
+        return self.net(self.features(obs)).squeeze(-1)
 
 
 class ActorCritic(nn.Module):

@@ -1,9 +1,10 @@
-"""``RunningNorm``: running mean and variance of one observation group, applied as a normalization.
+"""``RunningNorm``: running mean and variance of a network's vector input, applied as a normalization.
 
-With ``model.obs_norm: true`` the actor (group ``policy``) and the critic (its group) each hold a
-``RunningNorm`` as a submodule, so its buffers ``mean``, ``var`` (population variance) and
-``count`` travel with the weights: the actor's state_dict that the shards load, the model's
-state_dict in checkpoints. The forward is
+With ``model.obs_norm: true`` the actor and the critic each hold a ``RunningNorm`` of the vector
+groups they read (``raysim.models.inputs``; images are scaled inside their CNN instead) as a
+submodule, so its buffers ``mean``, ``var`` (population variance) and ``count`` travel with the
+weights: the actor's state_dict that the shards load, the model's state_dict in checkpoints. The
+forward is
 
     clamp((x - mean) / sqrt(var + epsilon), -clip, clip)
 

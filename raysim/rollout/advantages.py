@@ -44,12 +44,12 @@ def critic_values(critic: Critic, obs: dict[str, torch.Tensor]) -> torch.Tensor:
     Every block has at least ``VALUE_BLOCK`` rows (the remainder joins the last block): blocks
     that large use the same matmul kernel, and so the same per-row arithmetic, as one forward on
     all rows (tests/test_fast_path.py checks it; a block of a few rows may take another kernel).
-    Critics that are not a plain ``Critic`` MLP (e.g. with BatchNorm) run their own forward. Call it
-    under ``inference``.
+    Critics that are not a plain ``Critic`` MLP of vector groups (e.g. with BatchNorm or a CNN) run their own
+    forward. Call it under ``inference``.
     """
-    if not (isinstance(critic, Critic) and MLPInference.supports(critic.net)):
+    if not (isinstance(critic, Critic) and critic.fusable and MLPInference.supports(critic.net)):
         return critic(obs)
-    x = obs[critic.group].flatten(1)
+    x = critic.vector_input(obs)
     values = x.new_empty(x.shape[0], 1)
     net = MLPInference(critic.net, critic.obs_norm)  # the critic's input normalization too (model.obs_norm)
     starts = list(range(0, x.shape[0], VALUE_BLOCK))

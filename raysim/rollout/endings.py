@@ -69,7 +69,8 @@ class EvalEpisodes:
     from ``derive_seed(seed, EVAL_EPISODE, j)``, a stochastic one (``deterministic`` False) samples
     its actions from counter-based noise keyed by ``derive_seed(seed, EVAL_ACTION_NOISE, j)`` and the
     episode's step, and the actor computes each row alone (``Actor.forward(by_row=True)``), so episode
-    ``j`` is the same on any layout. ``max_steps``: the steps an episode may take; one still running
+    ``j`` is the same on any layout (with image inputs up to the last bits: CNN features are computed
+    batched, see ``Actor.forward``). ``max_steps``: the steps an episode may take; one still running
     then is cut and not counted. ``stop_after`` ends the run once that many episodes were counted
     ("first n to finish", the biased count kept for comparison; which episodes those are depends on
     the layout).
@@ -101,7 +102,7 @@ class Acting(Protocol):
     steps_done: int
     group_rounds: int
 
-    def sample_discrete(self, policy_obs: torch.Tensor, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
+    def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
 
     def restart_rows(self, step: Step, rows: torch.Tensor) -> int: ...
 
@@ -164,8 +165,8 @@ class ChunkBuffer:
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         """A sampled action for every row, written with its log-probability into step ``t``."""
         if self.fast:
-            return self.shard.sample_discrete(obs["policy"], self.actions_t[t], self.logp_t[t])
-        action, self.logp[t] = self.shard.actor.sample(obs["policy"], self.shard.generator)
+            return self.shard.sample_discrete(obs, self.actions_t[t], self.logp_t[t])
+        action, self.logp[t] = self.shard.actor.sample(obs, self.shard.generator)
         if self.actions is None:
             self.actions = torch.empty((self.capacity, *action.shape), dtype=action.dtype)
         self.actions[t] = action
@@ -434,8 +435,8 @@ class EvalEnding(Ending):
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         actor = self.shard.actor
         if self.plan.deterministic:
-            return actor.deterministic(obs["policy"], by_row=True)
-        return actor.sample(obs["policy"], keys=(self.noise_key, self.episode_step), by_row=True)[0]
+            return actor.deterministic(obs, by_row=True)
+        return actor.sample(obs, keys=(self.noise_key, self.episode_step), by_row=True)[0]
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         self.episode_step += 1 if step.valid is None else step.valid  # an env's own reset transition is none

@@ -174,7 +174,7 @@ class EnvShard:
         """Act until ``ending`` says stop; returns the steps taken and the observations reached.
 
         The hot loop of collection; it computes exactly what a plain per-step loop does
-        (``Actor.sample`` on ``obs["policy"]``, ``env.step``, copy into the chunk; see
+        (``Actor.sample`` on the actor's groups, ``env.step``, copy into the chunk; see
         tests/test_fast_path.py) with little overhead per step: the chunk's tensors are allocated
         once and written in place, a discrete actor acts through ``sample_discrete``, and with
         ``on_nonfinite: raise`` a training chunk is checked for non-finite values once, afterwards
@@ -203,11 +203,20 @@ class EnvShard:
         self.obs = obs
         return t, obs
 
-    def sample_discrete(self, policy_obs: torch.Tensor, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-        """``Actor.sample`` for a discrete actor, bitwise, written into ``action`` [N] and ``logp`` [N]."""
+    def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """``Actor.sample`` for a discrete actor, bitwise, written into ``action`` [N] and ``logp`` [N].
+
+        An actor of vector groups with a plain MLP runs fused (``MLPInference``); any other (a CNN) its own forward.
+        """
+        if not (self.actor.fusable and MLPInference.supports(self.actor.net)):
+            sampled, logp_now = self.actor.sample(obs, self.generator)
+            action.copy_(sampled)
+            logp.copy_(logp_now)
+            return action
+        x = self.actor.vector_input(obs)
         acting = self._acting
-        if acting is None or acting[0].net is not self.actor.net or acting[1].shape[0] != policy_obs.shape[0]:
-            rows, width = policy_obs.shape[0], self.actor.net[-1].out_features
+        if acting is None or acting[0].net is not self.actor.net or acting[1].shape[0] != x.shape[0]:
+            rows, width = x.shape[0], self.actor.net[-1].out_features
             acting = (
                 MLPInference(self.actor.net, self.actor.obs_norm),
                 torch.empty(rows, width),
@@ -215,7 +224,7 @@ class EnvShard:
             )
             self._acting = acting
         net, probs, noise = acting
-        log_probs = net(policy_obs if policy_obs.dim() == 2 else policy_obs.flatten(1)).log_softmax(-1)
+        log_probs = net(x).log_softmax(-1)
         torch.exp(log_probs, out=probs)
         sample_categorical(probs, self.generator, noise=noise, out=action)
         torch.gather(log_probs, 1, action.unsqueeze(1), out=logp.unsqueeze(1))
