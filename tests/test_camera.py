@@ -186,3 +186,13 @@ def test_pixel_positions_follow_the_image_axes():
     corners = camera.pixel_position(torch.tensor([[-1.0, 1.0], [1.0, -1.0], [0.0, 0.0]]))
     torch.testing.assert_close(corners, torch.tensor([[0.0, 0.0], [10.0, 10.0], [5.0, 5.0]]))
     assert math.isclose(camera.pixel, 0.2)
+
+
+def test_shapes_across_the_image_edge_are_cut_there_and_never_wrap_to_the_other_side():
+    camera = Camera(8, half_width=1.0)
+    centres = torch.tensor([[[1.0, 0.0]], [[-1.0, 1.0]], [[5.0, 5.0]]])  # the right edge, the top left corner, far out
+    image = camera.render([Disks(centres, radius=0.3, colour=(255, 255, 255))], num_scenes=3)[:, 0].float()
+    assert image[0, 3:5, 6:].min() > 0 and image[0, :, :4].max() == 0  # half a disk at the right edge only
+    assert image[1, 0, 0] > 0 and image[1, 4:, :].max() == 0 and image[1, :, 4:].max() == 0
+    assert image[2].max() == 0
+    assert camera.render([Disks(centres[:0], radius=0.3, colour=(255, 255, 255))], num_scenes=0).shape == (0, 3, 8, 8)

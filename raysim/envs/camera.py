@@ -9,11 +9,12 @@ plane: x grows to the right, y upward, the image centre is ``centre`` and the im
 
 Anti-aliasing is by coverage: a pixel's opacity for a shape is ``clamp(r + 0.5 - d, 0, 1)``
 with ``d`` the distance, in pixels, from the pixel centre to the shape's core (a disk's centre,
-a segment's line) and ``r`` its radius in pixels, a one-pixel smooth edge that is the exact
-coverage of a straight edge crossing the pixel square's axis. A layer's opacity is that of its
-nearest shape (their union), and the layer is blended over the image below it. Every distance is
-computed for all scenes and pixels at once; the squared distances split into a row part and a
-column part, so a layer costs a few tensor operations of ``N x K x size x size`` elements.
+a segment's line) and ``r`` its radius in pixels: a one-pixel smooth edge, the exact coverage of
+a straight edge crossing the pixel parallel to its side. A layer's opacity is that of its nearest
+shape (their union), and the layer is blended over the image below it. All shapes of all scenes are
+evaluated at once, each on the square patch of pixels around its bounding box (a disk is a segment
+whose ends meet), and scattered into the image: no Python loop over scenes, rows or pixels, and the
+work follows the shapes' area, not the image's. ``benchmarks/camera.py`` measures it.
 """
 
 from __future__ import annotations
@@ -64,63 +65,85 @@ class Camera:
         self.size = size
         self.pixel = 2.0 * float(half_width) / size  # world units per pixel
         self.device = torch.device(device)
-        centres = torch.arange(size, dtype=torch.float32, device=self.device) + 0.5 - size / 2  # pixels from the middle
-        self.column_x = centres + centre[0] / self.pixel  # [W], the x of each column's pixel centres, in pixels
-        self.row_y = centre[1] / self.pixel - centres  # [H], the y of each row's pixel centres (row 0 at the top)
+        # pixel position = world * _scale + _offset; x to the right, y up (row 0 at the top)
+        self._scale = torch.tensor([1.0, -1.0], device=self.device) / self.pixel
+        self._offset = torch.tensor([half_width - centre[0], half_width + centre[1]], device=self.device) / self.pixel
+        self._colours: dict[Colour, torch.Tensor] = {}
+        self._shapes: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.background = self._colour(background)
 
     def pixel_position(self, points: torch.Tensor) -> torch.Tensor:
         """Where world ``points`` [..., 2] land in the image: (column, row) in pixels, pixel j spanning [j, j + 1)."""
-        column = points[..., 0] / self.pixel - self.column_x[0] + 0.5
-        row = self.row_y[0] - points[..., 1] / self.pixel + 0.5
-        return torch.stack((column, row), -1)
+        return torch.addcmul(self._offset, points, self._scale)
 
     def render(self, layers: Sequence[Segments | Disks], num_scenes: int) -> torch.Tensor:
         """``num_scenes`` images [N, 3, size, size] uint8 of ``layers`` painted in order over the background."""
         shape = (num_scenes, 3, self.size, self.size)
-        image = None  # the background until the first layer writes the image
-        for layer in layers:
-            alpha = (self._disk_alpha(layer) if isinstance(layer, Disks) else self._segment_alpha(layer)).unsqueeze(1)
-            colour = self._colour(layer.colour)
-            if image is None:
-                image = (alpha * (colour - self.background)).add_(self.background)
-            else:
-                image.lerp_(colour.expand(shape), alpha.expand(shape))
-        if image is None:
-            image = self.background.expand(shape)
+        if not layers or num_scenes == 0:
+            return to_uint8(self.background.expand(shape))
+        ends = [(x.centre, x.centre) if isinstance(x, Disks) else (x.start, x.end) for x in layers]
+        start, end = torch.cat([s for s, _ in ends], 1), torch.cat([e for _, e in ends], 1)
+        structure = tuple((s.shape[1], x.radius) for (s, _), x in zip(ends, layers, strict=True))
+        radius, first_pixel = self._shape_table(structure)
+        alpha = self._coverage(start, end, radius, first_pixel, len(layers)).unsqueeze(2)  # [N, L, 1, H, W]
+        image = (alpha[:, 0] * (self._colour(layers[0].colour) - self.background)).add_(self.background)
+        for i, layer in enumerate(layers[1:], 1):
+            image.lerp_(self._colour(layer.colour).expand(shape), alpha[:, i].expand(shape))
         return to_uint8(image)
 
     def _colour(self, colour: Colour) -> torch.Tensor:
-        """A colour [1, 3, 1, 1] with 0.5 added (blends are affine: the image keeps the offset)."""
-        if len(colour) != 3 or any(not 0 <= c <= 255 for c in colour):
-            raise ValueError(f"a colour is three numbers in 0..255 (red, green, blue), got {colour!r}")
-        return torch.tensor(colour, dtype=torch.float32, device=self.device).add_(0.5).view(1, 3, 1, 1)
+        """A colour [1, 3, 1, 1] with 0.5 added (blends are affine: the image keeps the offset); cached."""
+        if colour not in self._colours:
+            if len(colour) != 3 or any(not 0 <= c <= 255 for c in colour):
+                raise ValueError(f"a colour is three numbers in 0..255 (red, green, blue), got {colour!r}")
+            value = torch.tensor(colour, dtype=torch.float32, device=self.device).add_(0.5).view(1, 3, 1, 1)
+            self._colours[colour] = value
+        return self._colours[colour]
 
-    def _coverage(self, distance_sq: torch.Tensor, radius: float) -> torch.Tensor:
-        """Opacity [N, H, W] of the nearest of K shapes from squared pixel distances [N, K, H, W] to their cores."""
-        nearest = distance_sq.amin(1) if distance_sq.shape[1] > 1 else distance_sq.squeeze(1)
-        return nearest.sqrt_().neg_().add_(radius / self.pixel + 0.5).clamp_(0.0, 1.0)
+    def _shape_table(self, layers: tuple[tuple[int, float], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per shape of layers of (count, world radius): its radius in pixels [K] and where its layer's
+        image starts in the canvas [K] (cached: a scene's structure rarely changes)."""
+        if layers not in self._shapes:
+            pixels = (self.size + 2) ** 2
+            radius = [r / self.pixel for count, r in layers for _ in range(count)]
+            first = [i * pixels for i, (count, _) in enumerate(layers) for _ in range(count)]
+            self._shapes[layers] = (
+                torch.tensor(radius, device=self.device),
+                torch.tensor(first, dtype=torch.int64, device=self.device),
+            )
+        return self._shapes[layers]
 
-    def _disk_alpha(self, disks: Disks) -> torch.Tensor:
-        """Opacity [N, H, W] of a layer of disks."""
-        centre = disks.centre / self.pixel  # in pixels, like everything below
-        dx = self.column_x - centre[..., 0:1]  # [N, K, W]
-        dy = self.row_y - centre[..., 1:2]  # [N, K, H]
-        return self._coverage(dy.square().unsqueeze(3) + dx.square().unsqueeze(2), disks.radius)
+    def _coverage(
+        self, start: torch.Tensor, end: torch.Tensor, radius: torch.Tensor, first_pixel: torch.Tensor, num_layers: int
+    ) -> torch.Tensor:
+        """Opacity [N, L, H, W] of each layer: the union of its round-capped segments (a disk where the ends meet).
 
-    def _segment_alpha(self, segments: Segments) -> torch.Tensor:
-        """Opacity [N, H, W] of a layer of segments: the distance to the nearest point of each segment."""
-        a, b = segments.start / self.pixel, segments.end / self.pixel
-        u = b - a  # [N, K, 2]
-        inverse_length_sq = 1.0 / u.square().sum(2).clamp_min(1e-12)  # [N, K]
-        dx = self.column_x - a[..., 0:1]  # [N, K, W]: pixel minus start, x
-        dy = self.row_y - a[..., 1:2]  # [N, K, H]
-        ux, uy = u[..., 0:1], u[..., 1:2]
-        # t: where the pixel projects on the segment, clamped to it; then the pixel's offset from that point
-        t = ((dy * uy).unsqueeze(3) + (dx * ux).unsqueeze(2)).mul_(inverse_length_sq[..., None, None]).clamp_(0, 1)
-        off_x = dx.unsqueeze(2) - t * ux.unsqueeze(3)
-        off_y = dy.unsqueeze(3) - t * uy.unsqueeze(3)
-        return self._coverage(off_x.square_().add_(off_y.square_()), segments.radius)
+        ``start``, ``end``: [N, K, 2] world; ``radius`` [K] in pixels; ``first_pixel`` [K]: where each
+        shape's layer starts in the canvas. Each shape is evaluated on a square patch of pixels that holds
+        its bounding box (one size for all, the largest); the patches go into their layer's image by their
+        maximum. The canvas has a one-pixel border that takes what falls outside the image.
+        """
+        n, k, size = start.shape[0], start.shape[1], self.size
+        a, b = self.pixel_position(start), self.pixel_position(end)  # [N, K, 2]: (column, row) in pixels
+        r = radius.view(1, k, 1)
+        first = torch.floor(torch.minimum(a, b) - r - 0.5)  # the pixels before it are r + 1 away, or more
+        patch = int((torch.maximum(a, b) + r + 0.5 - first).amax().ceil())
+        pixel = first.unsqueeze(3) + torch.arange(patch, dtype=torch.float32, device=self.device)  # [N, K, 2, P]
+        d = pixel + 0.5 - a.unsqueeze(3)  # pixel centre minus start
+        dx, dy = d[:, :, 0].unsqueeze(2), d[:, :, 1].unsqueeze(3)  # [N, K, 1, P] (columns), [N, K, P, 1] (rows)
+        u = (b - a).unsqueeze(3)  # [N, K, 2, 1]
+        ux, uy = u[:, :, 0:1], u[:, :, 1:2]  # [N, K, 1, 1]
+        along = u / u.square().sum(2, keepdim=True).clamp_min(1e-12)
+        # t: where the pixel centre projects on the segment, clamped to it; then the centre's offset from there
+        t = torch.add(dy * along[:, :, 1:2], dx * along[:, :, 0:1]).clamp_(0.0, 1.0)  # [N, K, P, P]
+        distance = (dx - t * ux).square_().add_((dy - t * uy).square_()).sqrt_()
+        alpha = torch.sub(r.unsqueeze(3) + 0.5, distance).clamp_(0.0, 1.0)
+        # the canvas index of each patch pixel: rows and columns past the image land on the border
+        row_col = pixel.clamp_(-1, size).add_(1).long()  # [N, K, 2, P]
+        index = (row_col[:, :, 1] * (size + 2) + first_pixel.view(1, k, 1)).unsqueeze(3) + row_col[:, :, 0].unsqueeze(2)
+        canvas = torch.zeros(n, num_layers * (size + 2) ** 2, device=self.device)
+        canvas.scatter_reduce_(1, index.view(n, -1), alpha.view(n, -1), "amax")
+        return canvas.view(n, num_layers, size + 2, size + 2)[:, :, 1:-1, 1:-1]
 
 
 def to_uint8(image: torch.Tensor) -> torch.Tensor:
