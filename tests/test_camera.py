@@ -156,6 +156,23 @@ def test_reset_rows_with_equal_seeds_give_equal_images():
     assert torch.equal(obs["camera"][0], obs["camera"][2]) and not torch.equal(obs["camera"][0], obs["camera"][1])
 
 
+def test_a_saved_env_state_continues_with_the_same_images():
+    env = camera_reach(3, seed=4, max_episode_steps=6)
+    generator = torch.Generator().manual_seed(1)
+    actions = [torch.rand(3, 2, generator=generator) * 2 - 1 for _ in range(12)]
+    for a in actions[:4]:
+        env.step(a)
+    restored = camera_reach(3, seed=99, max_episode_steps=6)
+    restored.set_state(env.get_state())
+    for a in actions[4:]:
+        expected, step = env.step(a), restored.step(a)
+        assert torch.equal(step.obs["camera"], expected.obs["camera"]) and torch.equal(
+            step.done_rows, expected.done_rows
+        )
+        for group in expected.final_obs:
+            assert torch.equal(step.final_obs[group], expected.final_obs[group])
+
+
 # -- options, registration ------------------------------------------------------------------------------
 
 
