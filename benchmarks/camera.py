@@ -7,7 +7,9 @@
   what the camera adds to a step: every row's image, plus the finished rows' final images);
 - the float-to-uint8 cast of the image: torch's ``.to(torch.uint8)`` against NumPy's ``astype``.
 
-The median of repeated timings; compare with the policy's inference (~70 us per sample for a small CNN).
+The median of repeated timings, wall clock and, for the render, the thread's CPU time (what the
+render costs on a loaded machine, without the waits for a core); compare with the policy's inference
+(~70 us per sample for a small CNN).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ import torch
 from raysim.envs import make
 
 
-def median_seconds(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int, clock=time.perf_counter) -> float:
     fn()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
@@ -48,6 +50,7 @@ def main() -> None:
     counter = iter(range(10**9))
 
     render = median_seconds(lambda: camera.render(rows), args.repeats)
+    render_cpu = median_seconds(lambda: camera.render(rows), args.repeats, time.thread_time)
     step_camera = median_seconds(lambda: camera.step(actions[next(counter) % 64]), args.repeats)
     step_plain = median_seconds(lambda: plain.step(actions[next(counter) % 64]), args.repeats)
     image = torch.rand(n, 3, args.size, args.size) * 255
@@ -58,7 +61,7 @@ def main() -> None:
         return f"{seconds * 1e3:.3f} ms ({seconds / n * 1e6:.1f} us/row)"
 
     print(f"{n} rows, {args.size}x{args.size} RGB, 1 torch thread, medians of {args.repeats}")
-    print(f"render every row:        {per_row(render)}")
+    print(f"render every row:        {per_row(render)}; CPU time {per_row(render_cpu)}")
     print(f"ReachCamera.step:        {per_row(step_camera)}")
     print(f"Reach.step:              {per_row(step_plain)}")
     print(f"camera's share of a step: {per_row(step_camera - step_plain)}")
