@@ -212,4 +212,7 @@ def test_shapes_across_the_image_edge_are_cut_there_and_never_wrap_to_the_other_
     assert image[0, 3:5, 6:].min() > 0 and image[0, :, :4].max() == 0  # half a disk at the right edge only
     assert image[1, 0, 0] > 0 and image[1, 4:, :].max() == 0 and image[1, :, 4:].max() == 0
     assert image[2].max() == 0
+    long = Segments(torch.tensor([[[-50.0, 0.0]]]), torch.tensor([[[50.0, 0.0]]]), radius=0.25, colour=(255, 255, 255))
+    line = camera.render([long], num_scenes=1)[0, 0]  # far longer than the image: cut at its sides
+    assert line[3:5].min() == 255 and line[:2].max() == 0 and line[6:].max() == 0
     assert camera.render([Disks(centres[:0], radius=0.3, colour=(255, 255, 255))], num_scenes=0).shape == (0, 3, 8, 8)

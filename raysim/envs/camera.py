@@ -82,8 +82,8 @@ class Camera:
         if not layers or num_scenes == 0:
             return to_uint8(self.background.expand(shape))
         ends = [(x.centre, x.centre) if isinstance(x, Disks) else (x.start, x.end) for x in layers]
-        start, end = torch.cat([s for s, _ in ends], 1), torch.cat([e for _, e in ends], 1)
-        structure = tuple((s.shape[1], x.radius) for (s, _), x in zip(ends, layers, strict=True))
+        start, end = torch.cat([s for s, _ in ends], 1).float(), torch.cat([e for _, e in ends], 1).float()
+        structure = tuple((s.shape[1], float(x.radius)) for (s, _), x in zip(ends, layers, strict=True))
         radius, first_pixel = self._shape_table(structure)
         alpha = self._coverage(start, end, radius, first_pixel, len(layers)).unsqueeze(2)  # [N, L, 1, H + 2, W + 2]
         image = (alpha[:, 0] * (self._colour(layers[0].colour) - self.background)).add_(self.background)
@@ -93,6 +93,7 @@ class Camera:
 
     def _colour(self, colour: Colour) -> torch.Tensor:
         """A colour [1, 3, 1, 1] with 0.5 added (blends are affine: the image keeps the offset); cached."""
+        colour = tuple(colour)
         if colour not in self._colours:
             if len(colour) != 3 or any(not 0 <= c <= 255 for c in colour):
                 raise ValueError(f"a colour is three numbers in 0..255 (red, green, blue), got {colour!r}")
@@ -104,6 +105,8 @@ class Camera:
         """Per shape of layers of (count, world radius): its radius in pixels [K] and where its layer's
         image starts in the canvas [K] (cached: a scene's structure rarely changes)."""
         if layers not in self._shapes:
+            if any(not r >= 0 for _, r in layers):
+                raise ValueError(f"a shape's radius is a number >= 0 (world units), got {[r for _, r in layers]}")
             pixels = (self.size + 2) ** 2
             radius = [r / self.pixel for count, r in layers for _ in range(count)]
             first = [i * pixels for i, (count, _) in enumerate(layers) for _ in range(count)]
@@ -127,8 +130,11 @@ class Camera:
         n, k, size = start.shape[0], start.shape[1], self.size
         a, b = self.pixel_position(start), self.pixel_position(end)  # [N, K, 2]: (column, row) in pixels
         r = radius.view(1, k, 1)
-        first = torch.floor(torch.minimum(a, b) - r - 0.5)  # the pixels before it are r + 1 away, or more
-        patch = int((torch.maximum(a, b) + r + 0.5 - first).amax().ceil())
+        # the patch: from the first pixel the shape may cover (those before it are r + 1 away, or more) to
+        # past the last, both clamped to the image and its border, so a huge or far shape costs no more
+        first = torch.floor(torch.minimum(a, b) - r - 0.5).clamp_(-1, size)
+        last = (torch.maximum(a, b) + r + 0.5).clamp_(-1, size + 1)
+        patch = max(int((last - first).amax().ceil()), 1)
         pixel = first.unsqueeze(3) + torch.arange(patch, dtype=torch.float32, device=self.device)  # [N, K, 2, P]
         d = pixel + 0.5 - a.unsqueeze(3)  # pixel centre minus start
         dx, dy = d[:, :, 0].unsqueeze(2), d[:, :, 1].unsqueeze(3)  # [N, K, 1, P] (columns), [N, K, P, 1] (rows)
