@@ -184,6 +184,8 @@ def test_camera_reach_is_registered_with_reachs_options_and_refuses_bad_ones():
         make("raysim/ReachCamera", 2, camra={"size": 20})
     with pytest.raises(ValueError, match="camera size must be an integer"):
         make("raysim/ReachCamera", 2, camera={"size": 0})
+    with pytest.raises(ValueError, match="camera must be a mapping like \\{size: 32\\}, got 32"):
+        make("raysim/ReachCamera", 2, camera=32)
     with pytest.raises(ValueError, match="camera: unknown keys \\['fov'\\]"):
         make("raysim/ReachCamera", 2, camera={"size": 32, "fov": 1})
     with pytest.raises(ValueError, match="'camera' is the image"):

@@ -76,7 +76,8 @@ class ReachCamera(Reach):
         if options.get("observations") is None:
             options["observations"] = copy.deepcopy(DEFAULT_CAMERA_OBSERVATIONS)
         camera = options.get("camera")
-        options["camera"] = {**DEFAULT_CAMERA, **camera} if isinstance(camera, dict) else copy.deepcopy(DEFAULT_CAMERA)
+        if camera is None or isinstance(camera, dict):  # anything else is left for the constructor to refuse
+            options["camera"] = {**DEFAULT_CAMERA, **(camera or {})}
         return super().materialize(options)
 
     # -- observations ---------------------------------------------------------------------------
