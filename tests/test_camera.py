@@ -135,10 +135,10 @@ def test_a_finished_rows_final_obs_is_its_last_image_owned_and_unchanged_by_late
 
 
 def test_episodes_rewards_and_success_are_those_of_reach_for_the_same_seed_and_actions():
-    options = dict(max_episode_steps=12, tolerance=0.15)
+    options = dict(max_episode_steps=12, tolerance=0.3, min_goal_distance=0.31)  # some random arms succeed
     camera, plain = camera_reach(6, seed=7, **options), make("raysim/Reach", 6, seed=7, **options)
     generator = torch.Generator().manual_seed(0)
-    finished = 0
+    finished = successes = 0
     for _ in range(40):
         actions = torch.rand(6, 2, generator=generator) * 2 - 1
         a, b = camera.step(actions), plain.step(actions)
@@ -147,7 +147,8 @@ def test_episodes_rewards_and_success_are_those_of_reach_for_the_same_seed_and_a
         torch.testing.assert_close(a.episodes, b.episodes, rtol=0, atol=0)
         torch.testing.assert_close(a.obs["critic"], b.obs["critic"], rtol=0, atol=0)
         finished += a.done_rows.numel()
-    assert finished >= 6 and torch.equal(camera.goal, plain.goal)
+        successes += int(a.episodes["success"].sum()) if a.done_rows.numel() else 0
+    assert finished >= 6 and successes >= 1 and torch.equal(camera.goal, plain.goal)
 
 
 def test_reset_rows_with_equal_seeds_give_equal_images():
