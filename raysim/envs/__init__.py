@@ -3,11 +3,13 @@
 from raysim.envs.cartpole import CartPole
 from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.envs.reach import Reach
+from raysim.envs.reach_camera import ReachCamera
 from raysim.envs.registry import make, register, registered
 from raysim.envs.torch_env import TorchEnv
 
 register("raysim/CartPole", CartPole)
 register("raysim/Reach", Reach)
+register("raysim/ReachCamera", ReachCamera)
 
 from raysim.envs.gym_vector import RaysimEnv, RaysimVectorEnv, register_gymnasium  # noqa: E402
 
@@ -20,6 +22,7 @@ __all__ = [
     "RaysimEnv",
     "RaysimVectorEnv",
     "Reach",
+    "ReachCamera",
     "Step",
     "TorchEnv",
     "make",

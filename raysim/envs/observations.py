@@ -131,9 +131,16 @@ def parse_entry(entry: str | Mapping[str, Any], terms: Mapping[str, Term] = TERM
 class ObservationGroups:
     """Named groups of terms: ``{group: [entry, ...]}`` -> ``compute(env, noise)``."""
 
-    def __init__(self, config: Mapping[str, Sequence[str | Mapping[str, Any]]], terms: Mapping[str, Term] = TERMS):
-        if not isinstance(config, Mapping) or "policy" not in config:
-            raise ValueError(f"observations must map group names to term lists and include 'policy', got {config!r}")
+    def __init__(
+        self,
+        config: Mapping[str, Sequence[str | Mapping[str, Any]]],
+        terms: Mapping[str, Term] = TERMS,
+        required: Sequence[str] = ("policy",),
+    ):
+        missing = [group for group in required if group not in config] if isinstance(config, Mapping) else required
+        if not isinstance(config, Mapping) or missing:
+            must = f" and include {', '.join(repr(g) for g in required)}" if required else ""
+            raise ValueError(f"observations must map group names to term lists{must}, got {config!r}")
         self.groups: dict[str, list[ObsTerm]] = {}
         for group, entries in config.items():
             if isinstance(entries, (str, Mapping)) or not entries:

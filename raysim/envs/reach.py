@@ -134,7 +134,7 @@ class Reach(TorchEnv):
         self.action_term = make_action_term(
             DEFAULT_ACTIONS if actions is None else actions, self.num_envs, J, self.joint_limits, self.device
         )
-        self.observations = ObservationGroups(DEFAULT_OBSERVATIONS if observations is None else observations)
+        self.observations = self._observation_groups(observations)
 
         N, f = self.num_envs, dict(device=self.device)
         self.joint_pos = torch.zeros(N, J, **f)
@@ -203,6 +203,10 @@ class Reach(TorchEnv):
             raise ValueError(f"unknown reward terms {sorted(unknown)}; terms: {list(REWARD_TERMS)}")
         self.reward_weights = {k: float(weights[k]) for k in REWARD_TERMS if k in weights}
         self.reward_names = list(self.reward_weights)  # the columns of reward_sums
+
+    def _observation_groups(self, observations: dict | None) -> ObservationGroups:
+        """The vector observation groups (``observations``, default ``DEFAULT_OBSERVATIONS``); 'policy' among them."""
+        return ObservationGroups(DEFAULT_OBSERVATIONS if observations is None else observations)
 
     @classmethod
     def materialize(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -76,6 +76,11 @@ class TorchEnv(BatchedEnv):
         """The current observation groups of every row (views are fine)."""
         raise NotImplementedError
 
+    def _observe_rows(self, rows: torch.Tensor) -> Obs:
+        """Owned copies of the observation groups of ``rows`` alone (final observations); a task whose
+        observation is costly (an image) computes only these rows."""
+        return take_rows(self._observe(), rows)
+
     def _episode_report(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Task scalars for the episodes that end in ``rows`` (read before their reset)."""
         return {}
@@ -133,7 +138,7 @@ class TorchEnv(BatchedEnv):
         done_rows = (terminated | truncated).nonzero().squeeze(1)
         if done_rows.numel() == 0:
             return Step(self._observe(), reward, terminated, truncated, done_rows, {}, {})
-        final_obs = take_rows(self._observe(), done_rows)
+        final_obs = self._observe_rows(done_rows)
         episodes = {
             "return": self.episode_return.index_select(0, done_rows),
             "length": self.episode_length.index_select(0, done_rows),
