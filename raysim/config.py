@@ -20,6 +20,7 @@ import yaml
 from raysim.algos import algorithm_class
 from raysim.algos.ppo import PPOConfig
 from raysim.composition import ConfigError, expand, read_yaml, safe_load
+from raysim.envs.frame_stack import FrameStackConfig
 from raysim.models import ModelConfig
 from raysim.schema import setting, violations
 from raysim.storage import RunStorage
@@ -59,6 +60,7 @@ class EnvConfig:
     id: str = setting("raysim/CartPole", help="raysim/<Task>, gym:<Gymnasium id>, or module.path:Class")
     num_envs: int = setting(64, help="rows per shard (one batched env)", low=1)
     kwargs: dict = setting(factory=dict, help="options of the env (its factory's keyword arguments)")
+    frame_stack: FrameStackConfig = field(default_factory=FrameStackConfig)  # applied by the shard, to any env
     on_nonfinite: str = setting(
         "raise", help="an env's NaN or inf: stop, or drop that row's episode", choices=("raise", "mask")
     )

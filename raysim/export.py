@@ -125,7 +125,7 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
     storage, checkpoint, state, meta = locate_checkpoint(path)  # past damaged checkpoints
     try:
         config = load_run_config(storage)
-        env = raysim.envs.make(config.env.id, 1, **config.env.kwargs)
+        env = raysim.envs.stacked(raysim.envs.make(config.env.id, 1, **config.env.kwargs), config.env.frame_stack)
     finally:
         storage.close()  # the local copy of a remote run's configs
     try:
@@ -149,6 +149,7 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
         "action_space": str(action_space),
         "discrete": policy.discrete,
         "normalized": policy.normalize,
+        "frame_stack": {"k": config.env.frame_stack.k, "groups": list(config.env.frame_stack.groups)},
     }
     return policy, info
 

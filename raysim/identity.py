@@ -4,10 +4,12 @@
 task's defaults filled in (for ``gym:`` ids, the Gymnasium env's constructor and registration
 defaults), materialized resources replaced by a hash of their content, and runtime-only keys (row
 counts, seeds, devices, non-finite handling, file locations, descriptive metadata, the Gymnasium
-adapter's ``vectorize`` and ``autoreset_mode``) left out. It is computed the same way on save and on
-resume, so a run resumes from the original declaration, from its own ``configs/gym.yaml`` snapshot,
-and from a moved run directory. A checkpoint's saved canonical config is brought to today's form
-before it is compared (``checkpoint_identity``), so runs saved by an earlier raysim still resume.
+adapter's ``vectorize`` and ``autoreset_mode``) left out; a frame stack (``env.frame_stack`` with
+k > 1) is in it, as it changes what the policy sees (without one the identity is as before). It is
+computed the same way on save and on resume, so a run resumes from the original declaration, from
+its own ``configs/gym.yaml`` snapshot, and from a moved run directory. A checkpoint's saved
+canonical config is brought to today's form before it is compared (``checkpoint_identity``), so
+runs saved by an earlier raysim still resume.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def canonical_env(env: dict[str, Any]) -> dict[str, Any]:
     options = {k: v for k, v in dict(env.get("kwargs") or {}).items() if k not in RUNTIME_OPTION_KEYS}
     options = {**task_defaults(env["id"]), **options}
     options = materialize(env["id"], options)
-    return current_form({"id": env["id"], "kwargs": _plain(options)})
+    stack = dict(env.get("frame_stack") or {})
+    stacking = {"frame_stack": {"k": stack["k"], "groups": list(stack["groups"])}} if stack.get("k", 1) > 1 else {}
+    return current_form({"id": env["id"], "kwargs": _plain(options), **stacking})
 
 
 def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +71,8 @@ def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
     if env_id.startswith("gym:"):
         options = {k: v for k, v in options.items() if k not in ADAPTER_OPTIONS}
         options = {**_plain(gym_defaults(env_id)), **options}
-    return {"id": env_id, "kwargs": _plain(options)}
+    stacking = {"frame_stack": canonical["frame_stack"]} if "frame_stack" in canonical else {}
+    return {"id": env_id, "kwargs": _plain(options), **stacking}
 
 
 def _plain(value: Any) -> Any:

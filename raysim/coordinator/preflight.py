@@ -12,7 +12,7 @@ from typing import Any
 
 from raysim.composition import ConfigError
 from raysim.config import Config
-from raysim.envs import make
+from raysim.envs import make, stacked
 from raysim.envs.errors import EnvOptionError, MissingDependencyError, UnknownEnvError
 from raysim.envs.messages import captured
 from raysim.models import ActorCritic
@@ -34,6 +34,11 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         raise ConfigError(f"env.kwargs: {env_id}: {one_line(error)}") from error
     for message in messages:
         print(f"raysim: {env_id}: {message}", flush=True)
+    try:
+        env = stacked(env, config.env.frame_stack)
+    except ValueError as error:
+        env.close()
+        raise ConfigError(one_line(error)) from error
     try:
         ActorCritic(env.observation_spaces, env.action_space, config.model)
         return env.observation_spaces, env.action_space

@@ -46,6 +46,7 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
         env_kwargs=materialize(config.env.id, config.env.kwargs),  # resources as arrays: no file read on a shard
         shard_index=index,
         on_nonfinite=config.env.on_nonfinite,
+        frame_stack=config.env.frame_stack,
         options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},
     )
 

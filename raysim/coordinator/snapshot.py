@@ -57,7 +57,12 @@ def write_snapshot(storage: RunStorage, config: Config) -> None:
     gym = {"id": env["id"], "kwargs": kwargs, "metadata": config.env.metadata}
     train = to_dict(config)
     train["train"]["stop_after"] = None  # runtime-only: a resume runs to the end unless told otherwise
-    train["env"] = {"component": "gym.yaml", "num_envs": config.env.num_envs, "on_nonfinite": config.env.on_nonfinite}
+    train["env"] = {
+        "component": "gym.yaml",
+        "num_envs": config.env.num_envs,
+        "on_nonfinite": config.env.on_nonfinite,
+        "frame_stack": to_dict(config.env.frame_stack),  # the shard's, around the env: beside it, not in gym.yaml
+    }
     for name, data in (("gym.yaml", gym), ("train.yaml", train)):
         storage.write(f"configs/{name}", yaml.safe_dump(data, sort_keys=False).encode())
     if not storage.list("resources"):

@@ -2,6 +2,7 @@
 
 from raysim.envs.cartpole import CartPole
 from raysim.envs.contract import BatchedEnv, Obs, Step
+from raysim.envs.frame_stack import FrameStack, FrameStackConfig, stacked
 from raysim.envs.reach import Reach
 from raysim.envs.reach_camera import ReachCamera
 from raysim.envs.registry import make, register, registered
@@ -18,6 +19,8 @@ register_gymnasium(["raysim/CartPole", "raysim/Reach"])  # gymnasium.make_vec("r
 __all__ = [
     "BatchedEnv",
     "CartPole",
+    "FrameStack",
+    "FrameStackConfig",
     "Obs",
     "RaysimEnv",
     "RaysimVectorEnv",
@@ -28,4 +31,5 @@ __all__ = [
     "make",
     "register",
     "registered",
+    "stacked",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from raysim.envs import make
+from raysim.envs import FrameStackConfig, make, stacked
 from raysim.envs.contract import Obs, Step
 from raysim.envs.messages import captured
 from raysim.models import Actor, MLPInference, ModelConfig, sample_categorical
@@ -46,6 +46,7 @@ class NonFiniteError(RuntimeError):
 class EnvShard:
     """One batched env of ``num_envs`` rows plus the acting policy; produces rollout chunks.
 
+    ``frame_stack`` (``FrameStackConfig``): the rows' last k observations of some groups, stacked around the env.
     ``on_nonfinite``: ``raise`` (default) stops with the env id, row and step of a non-finite
     observation or reward; ``mask`` drops that row's transition from the chunk (``mask`` False),
     restarts the row's episode and counts it in ``chunk.nonfinite``.
@@ -60,6 +61,7 @@ class EnvShard:
         env_kwargs: dict[str, Any] | None = None,
         shard_index: int = 0,
         on_nonfinite: str = "raise",
+        frame_stack: FrameStackConfig | dict | None = None,
     ):
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -69,7 +71,7 @@ class EnvShard:
         self.on_nonfinite = on_nonfinite
         self.seed = seed
         with captured() as self.messages:  # said once by the driver, not once per shard (envs.messages)
-            self.env = make(env_id, num_envs, seed=seed, **dict(env_kwargs or {}))
+            self.env = stacked(make(env_id, num_envs, seed=seed, **dict(env_kwargs or {})), frame_stack)
         model = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
         self.actor = Actor(self.env.observation_spaces, self.env.action_space, model)
         self.generator = torch.Generator()
@@ -140,11 +142,15 @@ class EnvShard:
         self.generator.set_state(state["generator"])
         self.steps_done, self.resets, self.group_rounds = state["steps_done"], state["resets"], state["group_rounds"]
         rows = next(iter(state["obs"].values())).shape[0]
-        if state["env"] is None or self.env.get_state() is None or rows != self.env.num_envs:
+        saved_shapes = {g: v.shape[1:] for g, v in state["obs"].items()}
+        other_shapes = saved_shapes != {g: v.shape[1:] for g, v in self.obs.items()}
+        if state["env"] is None or self.env.get_state() is None or rows != self.env.num_envs or other_shapes:
             self.obs = self.env.reset(derive_seed(self.seed, 6, self.steps_done))
             self.fresh = True
             if rows != self.env.num_envs:
                 return f"fresh episodes ({rows} rows saved per shard, {self.env.num_envs} now)"
+            if other_shapes:
+                return "fresh episodes (the saved observations have other shapes: another env.frame_stack?)"
             return "fresh episodes (this env cannot save its state)"
         self.env.set_state(state["env"])
         self.obs = {k: v.clone() for k, v in state["obs"].items()}
