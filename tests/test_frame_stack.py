@@ -17,7 +17,8 @@ from raysim.composition import ConfigError
 from raysim.coordinator.preflight import check_env_and_model
 from raysim.envs import BatchedEnv, FrameStack, FrameStackConfig, Step, stacked
 from raysim.envs.contract import take_rows
-from raysim.rollout import EnvShard
+from raysim.rollout import EnvShard, GroupEpisodes
+from tests.support import multi_input  # noqa: F401  (registers RaysimTest/Spot-v0)
 
 K = 3
 STACKED = ["image", "hwc", "vector"]
@@ -199,6 +200,29 @@ def test_a_shard_state_saved_with_another_stack_depth_starts_fresh_episodes_inst
     deeper = camera_shard(k=3)
     assert deeper.set_state(shard.get_state()).startswith("fresh episodes (the saved observations have other shapes")
     assert deeper.rollout({"version": 0, "actor": deeper.actor.state_dict()}, 3).obs["camera"].shape[2] == 9
+
+
+def test_a_gymnasium_env_gets_the_same_stacks_through_the_shard_channels_last():
+    spot = {"actor_inputs": ["camera", "joints"], "critic_inputs": ["critic"], "hidden_sizes": [16]}
+    stack = {"k": 2, "groups": ["camera", "joints"]}
+    shard = EnvShard("gym:RaysimTest/Spot-v0", 2, seed=1, model=spot, frame_stack=stack)
+    chunk = shard.rollout({"version": 0, "actor": shard.actor.state_dict()}, 9)  # episodes last 8 steps
+    camera, joints = chunk.obs["camera"], chunk.obs["joints"]
+    assert camera.shape == (10, 2, 16, 16, 6) and camera.dtype == torch.uint8 and joints.shape == (10, 2, 4)
+    assert shard.actor.encoders["camera"].shape == (6, 16, 16)  # the CNN reads k x RGB
+    assert torch.equal(camera[1:8, :, :, :, :3], camera[:7, :, :, :, 3:])  # each step pushes one image
+    assert torch.equal(camera[8, :, :, :, :3], camera[8, :, :, :, 3:])  # a new episode: k copies of its first
+    final = chunk.final_obs["camera"]
+    assert final.shape == (2, 16, 16, 6) and torch.equal(final[:, :, :, :3], camera[7, :, :, :, 3:])
+
+
+def test_every_grpo_round_starts_every_row_with_k_copies_of_its_first_observation():
+    shard = camera_shard()
+    weights = {"version": 0, "actor": shard.actor.state_dict()}
+    for _ in range(2):
+        first = shard.rollout(weights, GroupEpisodes(group_size=3, max_steps=4)).obs["camera"][0]
+        assert torch.equal(first[:, :3], first[:, 3:])
+        assert torch.equal(first[0], first[1])  # the group shares its start
 
 
 def test_ppo_trains_on_camera_reach_with_a_stack_of_two_and_the_cnn_reads_six_channels(tmp_path: Path):
