@@ -17,6 +17,7 @@ from raysim.composition import ConfigError
 from raysim.coordinator.preflight import check_env_and_model
 from raysim.envs import BatchedEnv, FrameStack, FrameStackConfig, Step, stacked
 from raysim.envs.contract import take_rows
+from raysim.export import load_policy
 from raysim.rollout import EnvShard, GroupEpisodes
 from tests.support import multi_input  # noqa: F401  (registers RaysimTest/Spot-v0)
 
@@ -246,6 +247,8 @@ def test_ppo_trains_on_camera_reach_with_a_stack_of_two_and_the_cnn_reads_six_ch
     convolutions = [v for k, v in state["model"].items() if k.startswith("actor.encoders.camera.") and v.dim() == 4]
     assert convolutions[0].shape[1] == 6  # k x RGB
     assert state["shards"][0]["env"]["stacks"]["camera"].shape == (4, 6, 32, 32)
+    _, info = load_policy(trainer.run_dir)  # an exported policy takes the stacked observations
+    assert info["observation_shapes"]["camera"] == [6, 32, 32] and info["frame_stack"]["k"] == 2
     with pytest.raises(ConfigError, match=r"frame_stack.k: checkpoint has 2, this config has 3"):
         raysim.Trainer.from_run_dir(trainer.run_dir, overrides=["env.frame_stack.k=3"])
     resumed = raysim.Trainer.from_run_dir(trainer.run_dir, overrides=["train.total_steps=96"]).train()
