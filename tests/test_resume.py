@@ -147,6 +147,17 @@ def test_a_real_env_difference_is_refused_with_every_key_named_and_force_is_loud
     assert "WARNING" in capsys.readouterr().out
 
 
+def test_a_forced_resume_whose_env_changed_its_observation_shapes_is_one_line_before_anything_is_written(tmp_path):
+    run_dir = tmp_path / "run"
+    reach = ["env.id=raysim/Reach", "env.kwargs={num_links: 2, link_lengths: [0.5, 0.5]}"]
+    raysim.Trainer(raysim.load_config(None, [*TINY, *reach, "train.stop_after=1", f"run_dir={run_dir}"])).train()
+    snapshot = (run_dir / "configs" / "train.yaml").read_bytes()
+    three_links = ["env.kwargs.num_links=3", "env.kwargs.link_lengths=[0.4, 0.3, 0.3]"]
+    with pytest.raises(ConfigError, match=r"cannot resume .*: the checkpoint's weights do not fit this env: "):
+        raysim.Trainer.from_run_dir(run_dir, overrides=three_links, force=True)
+    assert (run_dir / "configs" / "train.yaml").read_bytes() == snapshot
+
+
 def test_train_2k_equals_train_k_stop_resume_train_k_bitwise(tmp_path):
     overrides = [*TINY, "train.total_steps=2048"]  # 16 iterations
     straight = raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()

@@ -48,6 +48,20 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         env.close()
 
 
+def check_weights_fit(spaces: tuple[Any, Any], config: Config, saved: dict[str, Any], where: str) -> None:
+    """A ``ConfigError`` when a checkpoint's model weights (``saved``) do not fit the model ``config`` builds on
+    ``spaces``: a resume with ``--force`` past an env whose observation or action shapes changed."""
+    built = ActorCritic(*spaces, config.model).state_dict()
+    for name, tensor in built.items():
+        have = saved.get(name)
+        if have is not None and tuple(have.shape) != tuple(tensor.shape):
+            raise ConfigError(
+                f"{where}: the checkpoint's weights do not fit this env: {name} is {list(have.shape)} in the "
+                f"checkpoint and {list(tensor.shape)} here (the observation or action shapes changed, which --force "
+                "cannot bridge)"
+            )
+
+
 def check_run_dir(run_dir: str, resume: bool = False) -> None:
     """A ``ConfigError`` when nothing can be written at the local ``run_dir`` (a read-only filesystem, a file
     on its path): said before Ray starts, where it was an ``OSError`` from inside the run."""

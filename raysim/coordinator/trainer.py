@@ -32,7 +32,7 @@ from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Batch, Collector
 from raysim.coordinator.memory import memory_need
 from raysim.coordinator.phases import PhaseClock
-from raysim.coordinator.preflight import check_env_and_model, check_run_dir
+from raysim.coordinator.preflight import check_env_and_model, check_run_dir, check_weights_fit
 from raysim.coordinator.roles import create_learner, create_roles, start_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
@@ -139,6 +139,8 @@ class Trainer:
     ):
         check_config(config)
         self.spaces = check_env_and_model(config)
+        if resume is not None and resume.force:
+            check_weights_fit(self.spaces, config, resume.state.get("model") or {}, f"cannot resume {config.run_dir}")
         self.config = config
         self.address = address
         self.sinks = sinks
