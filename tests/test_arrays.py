@@ -13,6 +13,7 @@ from collections import OrderedDict
 import torch
 
 from raysim.actors import LocalBackend
+from raysim.algos.epochs import concat, transitions
 from raysim.algos.ppo import PPOConfig
 from raysim.learner.learner import Learner
 from raysim.models import ModelConfig
@@ -133,3 +134,14 @@ def test_a_shard_state_read_by_another_ray_actor_is_consumed_exactly(ray_session
 
 def local_actor() -> dict:
     return EnvShard("raysim/ReachCamera", 1, seed=1, model=CAMERA).actor.state_dict()
+
+
+def test_the_learner_copies_a_single_chunks_transitions_out_of_the_object_store_once():
+    shard = EnvShard("raysim/ReachCamera", 2, seed=1, model=CAMERA)
+    chunk, _, _ = through_ray_pickle(shard.rollout({"version": 1, "actor": shard.actor.state_dict()}, 3))
+    part = transitions(chunk)  # the copy out of the store (boolean mask): writable, owned
+    batch = concat([part])
+    assert batch["obs"]["camera"].data_ptr() == part["obs"]["camera"].data_ptr()  # no second copy
+    assert batch["actions"].data_ptr() == part["actions"].data_ptr()
+    two = concat([part, part])
+    assert torch.equal(two["obs"]["camera"], torch.cat([part["obs"]["camera"]] * 2))
