@@ -2,9 +2,10 @@
 
 A tiny PPO run on CartPole whose chunk, weights and learner snapshot are each large enough for Ray's
 shared-memory object store (over its 100 KiB inline limit: 128 rows x 32 steps, an MLP [256, 256]),
-trained on Ray for ``--iterations`` (500); after each iteration the bytes the store holds (Ray's node
-stats: ``object_store_bytes_used``, as ``ray memory --stats-only`` prints them) and what it spilled.
-Verdict: the bytes after the last iteration within 10% of those after iteration 10, nothing spilled.
+trained on Ray for ``--iterations`` (500); around iteration 10 and the last the bytes the store holds
+(Ray's node stats: ``object_store_bytes_used``, as ``ray memory --stats-only`` prints them, the median
+of 5 iterations) and what it spilled. Verdict: the bytes at the last iteration within 10% of those at
+iteration 10, nothing spilled.
 
 ``raysim bench store [--iterations N]``; exit status 1 when the use grew or anything spilled.
 """
@@ -12,6 +13,7 @@ Verdict: the bytes after the last iteration within 10% of those after iteration 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -19,6 +21,7 @@ from typing import Any
 
 TOLERANCE = 0.10  # the bytes after the last iteration: within this fraction of those after iteration 10
 EARLY = 10
+WINDOW = 5  # iterations sampled up to each point: their median (objects are released asynchronously)
 ROWS, STEPS = 128, 32  # a chunk of ~150 KB: in the shared-memory store, not inlined
 OVERRIDES = [
     "backend=ray",
@@ -52,27 +55,37 @@ def store_stats() -> dict[str, int]:
 
 
 def measure(iterations: int, settle: float = 0.5) -> dict[int, dict[str, int]]:
-    """Train the tiny run on the current Ray (started if needed); the store's stats after iteration ``EARLY``
-    and ``iterations`` (after ``settle`` seconds: Ray frees released objects asynchronously). The run goes on
-    one iteration more: both are taken mid-run (the last iteration ends with a checkpoint's fetch)."""
+    """Train the tiny run on the current Ray (started if needed); the store's stats at iteration ``EARLY`` and
+    ``iterations``: each the median bytes and objects of the ``WINDOW`` iterations up to it, each sampled
+    ``settle`` seconds after its iteration (Ray frees released objects asynchronously, and a pipelined
+    iteration holds the previous one's objects a while), the spilled bytes of the last. The run goes on one
+    iteration more: both are taken mid-run (the last iteration ends with a checkpoint's fetch)."""
     import raysim
     from raysim.coordinator import Trainer
 
-    seen: dict[int, dict[str, int]] = {}
+    samples: dict[int, list[dict[str, int]]] = {EARLY: [], iterations: []}
     done = 0
 
     def reporter(record: dict[str, Any], checkpoint: Any) -> None:
         nonlocal done
         done += 1
-        if done in (EARLY, iterations):
-            time.sleep(settle)
-            seen[done] = store_stats()
+        for point, taken in samples.items():
+            if point - WINDOW < done <= point:
+                time.sleep(settle)
+                taken.append(store_stats())
 
     with tempfile.TemporaryDirectory(prefix="raysim-store-") as run_dir:
         steps = (iterations + 1) * ROWS * STEPS
         config = raysim.load_config(None, [*OVERRIDES, f"train.total_steps={steps}", f"run_dir={run_dir}/run"])
         Trainer(config, reporter=reporter).train()
-    return seen
+    return {
+        point: {
+            "bytes": int(statistics.median(s["bytes"] for s in taken)),
+            "objects": int(statistics.median(s["objects"] for s in taken)),
+            "spilled": taken[-1]["spilled"],
+        }
+        for point, taken in samples.items()
+    }
 
 
 def verdict(seen: dict[int, dict[str, int]], iterations: int) -> tuple[bool, str]:
@@ -81,7 +94,7 @@ def verdict(seen: dict[int, dict[str, int]], iterations: int) -> tuple[bool, str
     growth = (late["bytes"] - early["bytes"]) / max(early["bytes"], 1)
     flat = abs(growth) <= TOLERANCE and late["spilled"] == 0
     line = (
-        f"object store after iteration {EARLY}: {early['bytes']:,} bytes in {early['objects']} objects; after "
+        f"object store at iteration {EARLY}: {early['bytes']:,} bytes in {early['objects']} objects; at "
         f"{iterations}: {late['bytes']:,} bytes in {late['objects']} objects ({growth:+.1%}); spilled "
         f"{late['spilled']:,} bytes: {'flat' if flat else 'NOT flat'} (limit {TOLERANCE:.0%}, nothing spilled)"
     )
