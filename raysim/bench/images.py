@@ -140,12 +140,20 @@ def _measure_payload(args, payload: str) -> tuple[tuple[int, int], dict[str, lis
 
 
 def _alternating(ways: dict[str, Callable[[], Any]], warmups: int, samples: int) -> dict[str, list[float]]:
-    """ms of each way per round, the order rotating every round; the first ``warmups`` rounds discarded."""
+    """ms of each way per round, the order rotating every round; the first ``warmups`` rounds discarded.
+
+    Each way runs twice in a row and the second is timed: it finds the object store as a training loop
+    does, the block its previous object of this size used free again. Alternated one for one, a chunk
+    would find the block of the last (slightly smaller) bare array too small and be written to store
+    memory this process has not touched: one page fault per 4 KiB (a 42.6 MiB put measured here:
+    10,919 minor faults and 24-29 ms, against 4 faults and 10 ms into reused memory).
+    """
     names, times = list(ways), {name: [] for name in ways}
     for rnd in range(warmups + samples):
         gc.collect()
         shift = rnd % len(names)
         for name in names[shift:] + names[:shift]:
+            ways[name]()
             start = time.perf_counter()
             ways[name]()
             if rnd >= warmups:
