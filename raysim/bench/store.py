@@ -54,11 +54,12 @@ def store_stats() -> dict[str, int]:
     }
 
 
-def measure(iterations: int, settle: float = 0.5) -> dict[int, dict[str, int]]:
+def measure(iterations: int, settle: float = 1.5) -> dict[int, dict[str, int]]:
     """Train the tiny run on the current Ray (started if needed); the store's stats at iteration ``EARLY`` and
     ``iterations``: each the median bytes and objects of the ``WINDOW`` iterations up to it, each sampled
-    ``settle`` seconds after its iteration (Ray frees released objects asynchronously, and a pipelined
-    iteration holds the previous one's objects a while), the spilled bytes of the last. The run goes on one
+    ``settle`` seconds after its iteration (Ray frees released objects in batches, once a second by default:
+    ``free_objects_period_milliseconds``; sampled at once, the count saws between 4 and 14 objects), the
+    spilled bytes of the last. The run goes on one
     iteration more: both are taken mid-run (the last iteration ends with a checkpoint's fetch)."""
     import raysim
     from raysim.coordinator import Trainer
