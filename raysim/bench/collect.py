@@ -27,6 +27,10 @@ collector can avoid: T actor forwards on [N, obs] and one critic forward on all 
 observations, same torch, same thread, no autograd, through the cheapest forward available
 (``MLPInference``, blocked critic values), with raysim's networks.
 
+The image rows (``--images``, on by default, off with ``--quick`` or ``--no-ray``; ``raysim.bench.images``)
+time a camera Reach and an Atari-sized chunk from a shard actor to a learner actor against a bare NumPy
+array of the same bytes and a memcpy of them, with the peak RSS of both actors and the driver.
+
 Run ``raysim bench collect`` (or ``python benchmarks/collect.py`` in a checkout); ``--quick`` is a
 few-second smoke run. The output is Markdown.
 """

@@ -173,7 +173,7 @@ def image_report(args, found: dict[str, Any], table: Callable[[list[str], list[l
                 payload,
                 f"{mib:.1f}",
                 f"{images / 2**20:.1f} ({4 * images / 2**20:.1f})",
-                f"{med['memcpy']:.2f} ({total / med['memcpy'] / 1e6:.1f} GB/s)",
+                f"{med['memcpy']:.3g} ({total / med['memcpy'] / 1e6:.1f} GB/s)",
                 f"{med['calls, no data']:.2f}",
                 f"{med['NumPy array']:.2f}",
                 f"{med['RolloutChunk']:.2f}",
