@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from raysim.rollout.arrays import plain
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -199,14 +201,16 @@ def internal_resource(name: str) -> bool:
 
 
 class _LocalHandle(Handle):
+    """Results as a caller through Ray receives them: an ``ArrayDict`` (a state that travels as arrays) a dict."""
+
     def __init__(self, instance: Any):
         self.instance = instance
 
     def call(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.instance, method_name(method))(*args, **kwargs)
+        return plain(getattr(self.instance, method_name(method))(*args, **kwargs))
 
     def call_split(self, method: Callable, *args: Any, returns: int, **kwargs: Any) -> tuple[Any, ...]:
-        return tuple(getattr(self.instance, method_name(method))(*args, **kwargs))
+        return tuple(plain(getattr(self.instance, method_name(method))(*args, **kwargs)))
 
 
 class LocalBackend(Backend):

@@ -43,3 +43,26 @@ def test_the_ray_rows_include_the_steady_state_shard_and_leave_no_actor_behind(r
         match = re.search(rf"^\| {re.escape(row)} +\| 1 +\| ([0-9.]+) +\|", out, re.M)
         assert match and float(match.group(1)) > 0, f"no table row for {row}:\n{out}"
     assert ray_session.is_initialized()  # a Ray it did not start stays up (its actors go: ray_session_left_empty)
+
+
+def test_the_image_rows_time_a_camera_and_an_atari_chunk_against_numpy_and_memcpy(ray_session, capsys):
+    args = ["--quick", "--envs", "1", "--steps", "4", "--images", "--image-envs", "2", "--samples", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "## Images" in out
+    for payload, images in (("camera Reach", 5 * 2 * 3 * 32 * 32), ("Atari-sized 4x84x84", 5 * 2 * 4 * 84 * 84)):
+        cells = re.search(rf"^\| {re.escape(payload)} +\|(.*)\|$", out, re.M).group(1).split("|")
+        chunk_mib, image_mib = float(cells[0]), cells[1].split()
+        assert float(image_mib[0]) == pytest.approx(images / 2**20, abs=0.06)  # uint8: a byte per pixel
+        assert float(image_mib[1].strip("()")) == pytest.approx(4 * images / 2**20, abs=0.06)  # as float32
+        assert chunk_mib >= float(image_mib[0])
+        memcpy, _, numpy, chunk = (float(c.split()[0]) for c in cells[2:6])
+        assert min(memcpy, numpy, chunk) > 0
+        assert cells[6].strip().endswith("x") and "%" in cells[7]  # chunk speed vs NumPy; memcpy fractions
+        assert re.search(rf"^\| {re.escape(payload)} +\| [0-9]+ +\| [0-9]+ +\|$", out, re.M)  # peak RSS of both
+    assert re.search(r"driver [0-9]+", out)
+
+
+def test_the_image_rows_need_ray(capsys):
+    with pytest.raises(SystemExit):
+        main(["--quick", "--no-ray", "--images"])

@@ -80,7 +80,10 @@ def select(batch: Batch, index: torch.Tensor) -> Batch:
 
 
 def concat(parts: list[Batch]) -> Batch:
-    """Concatenate a list of (nested) batches along the first dimension."""
+    """Concatenate a list of (nested) batches along the first dimension; one batch is returned as it is (its
+    tensors are already the learner's own copies, ``transitions``: a second copy of a chunk's images costs)."""
+    if len(parts) == 1:
+        return parts[0]
     return {
         k: concat([p[k] for p in parts]) if isinstance(parts[0][k], dict) else torch.cat([p[k] for p in parts])
         for k in parts[0]
@@ -88,7 +91,8 @@ def concat(parts: list[Batch]) -> Batch:
 
 
 def transitions(chunk: RolloutChunk) -> Batch:
-    """The valid transitions of a chunk: ``obs`` (every group), ``actions``, ``logprobs``."""
+    """The valid transitions of a chunk: ``obs`` (every group), ``actions``, ``logprobs``; copies (the boolean
+    mask copies), so the learner's batch is its own, never a read-only view of the object store."""
     valid = chunk.mask
     return {
         "obs": {k: v[:-1][valid] for k, v in chunk.obs.items()},

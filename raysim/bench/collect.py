@@ -27,6 +27,10 @@ collector can avoid: T actor forwards on [N, obs] and one critic forward on all 
 observations, same torch, same thread, no autograd, through the cheapest forward available
 (``MLPInference``, blocked critic values), with raysim's networks.
 
+The image rows (``--images``, on by default, off with ``--quick`` or ``--no-ray``; ``raysim.bench.images``)
+time a camera Reach and an Atari-sized chunk from a shard actor to a learner actor against a bare NumPy
+array of the same bytes and a memcpy of them, with the peak RSS of both actors and the driver.
+
 Run ``raysim bench collect`` (or ``python benchmarks/collect.py`` in a checkout); ``--quick`` is a
 few-second smoke run. The output is Markdown.
 """
@@ -326,8 +330,28 @@ def _load() -> str:
         return "n/a"
 
 
-def _report(args, envs: list[int], results: Results, scale: list[list[str]] | None = None) -> str:
+def _measure_images(args) -> dict[str, Any]:
+    """The image rows (``raysim.bench.images``), on the Ray the rows above use (started here if needed)."""
+    import ray
+
+    from raysim.bench.images import measure_images
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", _system_config=SIDE_BY_SIDE)
+    start = time.perf_counter()
+    found = measure_images(args)
+    print(f"[images measured in {time.perf_counter() - start:.1f} s]", file=sys.stderr, flush=True)
+    return found
+
+
+def _report(
+    args, envs: list[int], results: Results, scale: list[list[str]] | None = None, images: dict | None = None
+) -> str:
     out = _time_tables(args, envs, results) + _floor_and_memory(args, envs, results)
+    if images:
+        from raysim.bench.images import image_report
+
+        out += image_report(args, images, _table)
     if scale:
         out += [
             "",
@@ -451,6 +475,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--scale-envs", type=int, default=1024, help="rows per shard in the scaling table (default 1024)"
     )
     parser.add_argument(
+        "--images",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the image rows: camera Reach and Atari-sized chunks from a shard actor to a learner actor "
+        "(default: on, off with --quick or --no-ray)",
+    )
+    parser.add_argument(
+        "--image-envs", type=int, default=64, help="rows of the image rows' chunks (default 64; --steps steps)"
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="smoke run: --envs 1 64 --warmups 1 --samples 3 unless given"
     )
     return parser
@@ -468,6 +502,12 @@ def main(argv: list[str] | None = None) -> int:
     envs = list(dict.fromkeys(args.envs))
     if args.scale is None:
         args.scale = [] if args.quick else [1, 2, 4]
+    if args.images is None:
+        args.images = not args.quick and not args.no_ray
+    if args.images and args.no_ray:
+        parser.error("--images needs Ray: leave out --no-ray")
+    if args.image_envs < 1:
+        parser.error("--image-envs must be >= 1")
 
     threads, rng_state = torch.get_num_threads(), torch.random.get_rng_state()
     ray_was_up = _ray_is_up() if not args.no_ray else True
@@ -484,8 +524,9 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             scale = _measure_scale(args, results)
             print(f"[scaling measured in {time.perf_counter() - start:.1f} s]", file=sys.stderr, flush=True)
+        images = _measure_images(args) if args.images else None
         print()
-        print(_report(args, envs, results, scale), flush=True)
+        print(_report(args, envs, results, scale, images), flush=True)
     finally:
         torch.set_num_threads(threads)
         torch.random.set_rng_state(rng_state)

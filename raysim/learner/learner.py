@@ -28,6 +28,7 @@ from raysim.learner.window import MetricWindow, episode_stats, episode_sums, red
 from raysim.models import ActorCritic, ModelConfig
 from raysim.models.normalizer import merge_across_ranks, moments
 from raysim.rollout import RolloutChunk
+from raysim.rollout.arrays import ArrayDict
 from raysim.seeding import derive_seed
 
 LR_SCHEDULES = ("constant", "linear")
@@ -100,10 +101,11 @@ class Learner:
         """The actor's weights for the shards: ``{"version": v, "timeline": t, "actor": state_dict on CPU}``.
 
         ``timeline`` changes whenever a state is loaded (a resume, a restart, a rewind to an older
-        checkpoint), so the same version number from another timeline is never taken for these weights.
+        checkpoint), so the same version number from another timeline is never taken for these weights. An
+        ``ArrayDict``: the tensors cross the object store as NumPy arrays.
         """
         actor = {k: v.detach().to("cpu", copy=True) for k, v in self.model.actor.state_dict().items()}
-        return {"version": self.version, "timeline": self.timeline, "actor": actor}
+        return ArrayDict({"version": self.version, "timeline": self.timeline, "actor": actor})
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue training: model, optimizer, RNG, version, the algorithm's (the
@@ -128,8 +130,9 @@ class Learner:
     def snapshot(self) -> dict[str, Any]:
         """A copy on the CPU of what a checkpoint keeps of this rank: rank 0 its ``state_dict``, the others
         their ``rank_state``. Taken right after each update, so the last completed iteration's state is
-        ready (in the object store) when a signal stops the run or the learner dies in a later phase."""
-        return cpu_copy(self.state_dict() if self.ranks.rank == 0 else self.rank_state())
+        ready (in the object store) when a signal stops the run or the learner dies in a later phase. An
+        ``ArrayDict``: the tensors cross the object store as NumPy arrays."""
+        return ArrayDict(cpu_copy(self.state_dict() if self.ranks.rank == 0 else self.rank_state()))
 
     def update_and_snapshot(
         self, chunks: list[Any], stale: int = 0, log: bool = True, env_steps: int = 0

@@ -3,19 +3,19 @@
 All tensors were allocated for this chunk (owned, no views into buffers the shard reuses).
 Shapes: T steps, N rows, K finished rows, E completed episodes.
 
-Through Ray a chunk travels as NumPy arrays (``__reduce__``): pickle protocol 5 hands their
-memory to Ray's object store out of band and the receiver maps it without a copy, where
-torch's own pickling copies every tensor through a bytes object. The received tensors are then
-read-only views of the object store, as DESIGN.md says: copy what you keep before writing to it.
+Through Ray a chunk travels as NumPy arrays (``__reduce__``, ``raysim.rollout.arrays``): pickle
+protocol 5 hands their memory to Ray's object store out of band and the receiver maps it without a
+copy, where torch's own pickling copies every tensor through a bytes object. The received tensors
+are then read-only views of the object store, as DESIGN.md says: copy what you keep before writing to it.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, fields
 
-import numpy as np
 import torch
+
+from raysim.rollout.arrays import from_arrays, to_arrays
 
 
 @dataclass
@@ -50,39 +50,9 @@ class RolloutChunk:
         return int(self.mask.sum())
 
     def __reduce__(self):
-        """Pickle CPU tensors as NumPy arrays (zero-copy out of band with protocol 5, as Ray uses)."""
-        return _rebuild_chunk, ({f.name: _to_numpy(getattr(self, f.name)) for f in fields(self)},)
-
-
-def _to_numpy(value):
-    if isinstance(value, dict):
-        return {k: _to_numpy(v) for k, v in value.items()}
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.requires_grad:
-        return _NumpyTensor(value.numpy())
-    return value
-
-
-class _NumpyTensor:
-    """Marks an array that was a tensor (a chunk field may legitimately be anything else)."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-
-    def __reduce__(self):
-        return _NumpyTensor, (self.array,)
-
-
-def _from_numpy(value):
-    if isinstance(value, dict):
-        return {k: _from_numpy(v) for k, v in value.items()}
-    if isinstance(value, _NumpyTensor):
-        with warnings.catch_warnings():  # Ray's buffers are read-only: the documented contract
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            return torch.from_numpy(value.array)
-    return value
+        """Pickle CPU tensors as NumPy arrays (zero-copy out of band with protocol 5, as Ray uses: ``arrays``)."""
+        return _rebuild_chunk, (to_arrays({f.name: getattr(self, f.name) for f in fields(self)}),)
 
 
 def _rebuild_chunk(state: dict) -> RolloutChunk:
-    return RolloutChunk(**{k: _from_numpy(v) for k, v in state.items()})
+    return RolloutChunk(**from_arrays(state))

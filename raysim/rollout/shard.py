@@ -22,6 +22,7 @@ from raysim.envs import FrameStackConfig, make, stacked
 from raysim.envs.contract import Obs, Step
 from raysim.envs.messages import captured
 from raysim.models import Actor, MLPInference, ModelConfig, sample_categorical
+from raysim.rollout.arrays import ArrayDict
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.endings import (
     ChunkEnding,
@@ -127,8 +128,9 @@ class EnvShard:
         return ending.results, ending.excluded, self.env.defines_success
 
     def get_state(self) -> dict[str, Any]:
-        """The shard's state for a checkpoint: env state (None if the env cannot save it), RNG, counters."""
-        return {
+        """The shard's state for a checkpoint: env state (None if the env cannot save it), RNG, counters; an
+        ``ArrayDict``, so its tensors (image observations too) cross the object store as NumPy arrays."""
+        state = {
             "env": self.env.get_state(),
             "obs": {k: v.clone() for k, v in self.obs.items()},
             "generator": self.generator.get_state(),
@@ -136,9 +138,11 @@ class EnvShard:
             "resets": self.resets,
             "group_rounds": self.group_rounds,
         }
+        return ArrayDict(state)
 
     def set_state(self, state: dict[str, Any]) -> str:
-        """Continue from a ``get_state`` result; returns how (exactly, or with fresh episodes)."""
+        """Continue from a ``get_state`` result; returns how (exactly, or with fresh episodes). What it keeps it
+        copies (the env's ``set_state`` too): the tensors may be read-only views of the object store."""
         self.generator.set_state(state["generator"])
         self.steps_done, self.resets, self.group_rounds = state["steps_done"], state["resets"], state["group_rounds"]
         rows = next(iter(state["obs"].values())).shape[0]
