@@ -263,12 +263,8 @@ class Trainer:
     def _discard_run_dir(self, lock: RunLock, made: bool) -> None:
         """Remove what this new run created in its run directory (which held nothing before it: ``choose_run_dir``),
         the lock last, and the directory if it ``made`` it; nothing if another process took the lock over."""
-        holder = lock.holder() or {}
-        if holder.get("token") != lock.token:
+        if not lock.clear_run():
             return
-        for name in self.storage.list(""):
-            if name != RunLock.FILE:
-                self.storage.remove(name)
         lock.release()
         if made:
             Path(self.run_dir).rmdir()

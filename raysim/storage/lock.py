@@ -108,6 +108,16 @@ class RunLock:
         )
         os._exit(LOST_EXIT_CODE)
 
+    def clear_run(self) -> bool:
+        """Remove every file of the run directory but the lock, only while this process holds it (False: it
+        does not, and nothing was removed)."""
+        if self._version is None or (self.holder() or {}).get("token") != self.token:
+            return False
+        for name in self.storage.list(""):
+            if name != self.FILE:
+                self.storage.remove(name)
+        return True
+
     def release(self) -> None:
         """Give the lock back (nothing when this process does not hold it)."""
         if self._thread is None:

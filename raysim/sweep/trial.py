@@ -184,8 +184,6 @@ def start_over(storage: RunStorage) -> None:
     if note:
         print(f"raysim: {storage.path()}: {note}", flush=True)
     try:
-        for name in storage.list(""):
-            if name != RunLock.FILE:
-                storage.remove(name)
+        lock.clear_run()
     finally:
         lock.release()
