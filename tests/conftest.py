@@ -63,17 +63,7 @@ def ray_session_left_empty(request):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB tmpfs (mounting needs root); skipped, saying why, where it is not permitted."""
-    import subprocess
-    import uuid
+    from tests.support.tmpfs import mounted_tmpfs  # the checkout is on sys.path from here on
 
-    mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path, "size=1m", "a small tmpfs") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)

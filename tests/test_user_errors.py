@@ -6,13 +6,13 @@ import socket
 import subprocess
 import sys
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
 import ray
 
 from raysim.cli import main
+from tests.support.tmpfs import mounted_tmpfs
 
 
 @pytest.fixture
@@ -135,15 +135,8 @@ def test_onnx_export_without_onnx_names_the_export_extra_before_reading_the_run(
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A read-only tmpfs (tests run as root, whom no permission bit stops); skipped where mounting is not allowed."""
-    mount = tmp_path / f"ro-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path, "ro,size=1m", "a read-only tmpfs") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_run_dir_on_a_read_only_filesystem_is_refused_before_ray_starts(read_only_dir, capsys, ray_never_starts):
