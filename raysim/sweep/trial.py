@@ -147,7 +147,10 @@ def stop_and_wait(release_report: Any) -> None:
 
 
 def run_trial(values: dict[str, Any], *, base: dict, experiment: str, metric: str) -> None:
-    """Tune's function trainable: train the trial's run from scratch, or from the checkpoint Tune hands back."""
+    """Tune's function trainable: train the trial's run from scratch, or from the checkpoint Tune hands back.
+
+    A stop asked of an earlier trial in this process (an actor Tune reuses) does not end this one."""
+    _stop_asked.clear()
     _run_closed.clear()
     try:
         _train_trial(values, base=base, experiment=experiment, metric=metric)
