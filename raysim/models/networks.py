@@ -64,8 +64,14 @@ class ModelConfig:
         help="observation groups the critic reads (default: the actor's when the env has no critic group)",
         check=_group_names,
     )
-    cnn: str = setting("auto", help="encoder of image groups (auto: nature from 36 px, else small)", choices=CNNS)
-    cnn_features: int = setting(512, help="features each image group's CNN gives the MLP", low=1)
+    cnn: str = setting(
+        "auto",
+        help="encoder of image groups (auto: nature from 36 px, else small; keypoints: spatial-softmax positions)",
+        choices=CNNS,
+    )
+    cnn_features: int = setting(
+        512, help="features each image group's CNN gives the MLP (keypoints: two per keypoint)", low=1
+    )
 
     hidden_sizes: list[int] = setting(factory=lambda: [64, 64], help="widths of the hidden layers", item_low=1)
     activation: str = setting("tanh", help="between the layers", choices=tuple(ACTIVATIONS))
