@@ -242,6 +242,11 @@ def check_config(config: Config, where: str = "config") -> None:
         raise ConfigError(f"{where}: {problems[0]}{more}")
     if config.shards.max is not None and config.shards.max < config.shards.count:
         raise ConfigError(f"{where}: shards.max ({config.shards.max}) must be >= shards.count ({config.shards.count})")
+    if config.model.cnn == "keypoints" and config.model.cnn_features % 2:
+        raise ConfigError(
+            f"{where}: model.cnn_features must be even with model.cnn: keypoints (an x and a y per keypoint), "
+            f"got {config.model.cnn_features}"
+        )
     ranks = config.learner.ranks
     if not isinstance(ranks, int) or ranks < 1 or config.shards.count % ranks:
         raise ConfigError(

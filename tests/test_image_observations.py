@@ -90,10 +90,44 @@ def test_the_actor_reads_its_named_inputs_through_a_cnn_and_the_critic_its_own()
     small = ActorCritic(make(SPOT, 1, size=16).observation_spaces, env.action_space, ModelConfig(**INPUTS))
     assert type(small.actor.encoders["camera"]).__name__ == "SmallCNN"  # under 36 px
     impala = ActorCritic(env.observation_spaces, env.action_space, ModelConfig(**INPUTS, cnn="impala"))
+    keypoints = ActorCritic(
+        env.observation_spaces, env.action_space, ModelConfig(**INPUTS, cnn="keypoints", cnn_features=8)
+    )
+    assert keypoints.actor.in_dim == 2 + 8  # the joints and four keypoints' x and y
     obs = env.reset(0)
-    with inference(model), inference(impala):
+    with inference(model), inference(impala), inference(keypoints):
         assert model.actor(obs).shape == (2, 2) and model.critic(obs).shape == (2,)
-        assert impala.actor(obs).shape == (2, 2)
+        assert impala.actor(obs).shape == (2, 2) and keypoints.actor(obs).shape == (2, 2)
+
+
+class Fixed(torch.nn.Module):
+    """A body that gives the same feature maps whatever the image."""
+
+    def __init__(self, maps: torch.Tensor):
+        super().__init__()
+        self.maps = maps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.maps
+
+
+def test_the_keypoint_encoder_gives_each_maps_expected_position_with_x_along_columns_and_y_down_rows():
+    from raysim.models.encoders import KeypointCNN
+
+    space = gym.spaces.Box(0, 255, (3, 32, 32), np.uint8)
+    encoder = KeypointCNN(space, 4)  # two keypoints
+    images = torch.zeros(1, 3, 32, 32, dtype=torch.uint8)
+    assert encoder(images).shape == (1, 4)  # x and y of each keypoint
+    maps = torch.zeros(1, 2, 16, 16)  # what a stride-2 body gives at 32 px
+    maps[0, 0, 3, 12] = maps[0, 1, 15, 0] = 50.0  # a sharp peak: row 3 column 12, row 15 column 0
+    encoder.net = Fixed(maps)
+    x0, y0, x1, y1 = encoder(images)[0].tolist()
+    assert (x0, y0) == pytest.approx((-1 + 2 * 12 / 15, -1 + 2 * 3 / 15), abs=1e-6)
+    assert (x1, y1) == pytest.approx((-1.0, 1.0), abs=1e-6)
+    maps[0, 0, 3, 13] = 50.0  # two equal peaks: the keypoint halfway, a sub-pixel position
+    assert encoder(images)[0, 0].item() == pytest.approx(-1 + 2 * 12.5 / 15, abs=1e-6)
+    with pytest.raises(ValueError, match="even"):
+        KeypointCNN(space, 3)
 
 
 def test_the_critic_falls_back_to_the_actors_inputs_when_the_env_has_no_critic_group():
@@ -116,10 +150,9 @@ def test_the_default_model_keeps_todays_weight_names():
     assert keys == ["actor.log_std"] + [f"actor.{k}" for k in norm + net] + [f"critic.{k}" for k in norm + net]
 
 
-@pytest.fixture(scope="module")
-def spot_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("spot")
-    overrides = [
+def train_spot(root: Path, *overrides: str) -> Path:
+    """A tiny PPO run on the Spot env (camera and joints for the actor, a privileged critic), in-process."""
+    settings = [
         "backend=local",
         f"env.id={SPOT}",
         "env.num_envs=8",
@@ -132,8 +165,19 @@ def spot_run(tmp_path_factory) -> Path:
         "model.critic_inputs=[critic]",
         "model.obs_norm=true",
         f"run_dir={root / 'run'}",
+        *overrides,
     ]
-    return Path(raysim.Trainer(raysim.load_config(None, overrides)).train().run_dir)
+    return Path(raysim.Trainer(raysim.load_config(None, settings)).train().run_dir)
+
+
+@pytest.fixture(scope="module")
+def spot_run(tmp_path_factory) -> Path:
+    return train_spot(tmp_path_factory.mktemp("spot"))
+
+
+@pytest.fixture(scope="module")
+def keypoint_run(tmp_path_factory) -> Path:
+    return train_spot(tmp_path_factory.mktemp("keypoints"), "model.cnn=keypoints", "model.cnn_features=8")
 
 
 def test_ppo_trains_a_cnn_and_mlp_actor_with_a_privileged_critic_and_resumes(spot_run):
@@ -149,9 +193,12 @@ def test_ppo_trains_a_cnn_and_mlp_actor_with_a_privileged_critic_and_resumes(spo
     assert Path(resumed.run_dir) == spot_run
 
 
+@pytest.mark.parametrize("run", ["spot_run", "keypoint_run"])
 @pytest.mark.parametrize("format", ["torchscript", "onnx"])
-def test_an_exported_multi_input_policy_acts_as_the_model(spot_run, tmp_path, format):
+def test_an_exported_multi_input_policy_acts_as_the_model(request, tmp_path, format, run):
     from raysim.export import export_policy, load_policy
+
+    spot_run = request.getfixturevalue(run)
 
     out = tmp_path / f"policy.{'pt' if format == 'torchscript' else 'onnx'}"
     info = export_policy(spot_run, out, format)
