@@ -484,13 +484,13 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def video_film(args: argparse.Namespace) -> Film:
-    """The film of ``raysim eval --video``, its file type, the extra and the path checked first."""
+    """The film of ``raysim eval --video``, its path, file type and the extra checked first."""
     from raysim.recording import Film
     from raysim.video import VideoWriter, check_video_path, require_video
 
+    check_output(args.video, "--video")
     check_video_path(args.video)
     require_video()
-    check_output(args.video, "--video")
     return Film(VideoWriter(args.video, args.video_fps, args.video_frames), args.video_size)
 
 

@@ -52,12 +52,18 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
 def check_renders(config: Config) -> None:
     """A ``ConfigError`` when the env of ``config`` cannot draw its rows for a video (``eval.video``, ``raysim eval
     --video``): one row is built as a filmed evaluation builds it and drawn once."""
-    with captured():  # what building the env prints was said by ``check_env_and_model``
-        env = make(config.env.id, 1, seed=0, **with_pictures(config.env.id, config.env.kwargs))
+    env_id = config.env.id
+    try:
+        with captured():  # what building the env prints was said by ``check_env_and_model``
+            env = make(env_id, 1, seed=0, **with_pictures(env_id, config.env.kwargs))
+    except Exception as error:  # noqa: BLE001 - e.g. a Gymnasium env that takes no render_mode
+        raise ConfigError(
+            f"a video of {env_id} cannot be made: building it to draw failed: {one_line(error)}"
+        ) from error
     try:
         env.frames(config.eval.video_size)
     except CannotRender as error:
-        raise ConfigError(f"a video of {config.env.id} cannot be made: {one_line(error)}") from error
+        raise ConfigError(f"a video of {env_id} cannot be made: {one_line(error)}") from error
     finally:
         env.close()
 
