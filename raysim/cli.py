@@ -490,6 +490,8 @@ def video_film(args: argparse.Namespace) -> Film:
 
     check_output(args.video, "--video")
     check_video_path(args.video)
+    if args.video_size < 8:
+        raise ConfigError(f"--video-size must be >= 8 (pixels per side of a row's picture), got {args.video_size}")
     require_video()
     return Film(VideoWriter(args.video, args.video_fps, args.video_frames), args.video_size)
 

@@ -12,9 +12,11 @@ import imageio.v3 as iio
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from raysim.actors import LocalBackend, RayBackend
 from raysim.cli import main
+from raysim.envs import make
 from raysim.evaluation import EvalSpec, evaluate_on_shards
 from raysim.models.networks import ActorCritic, ModelConfig
 from raysim.recording import Film
@@ -172,8 +174,24 @@ def test_an_evaluation_filmed_on_ray_shards_one_of_which_dies_gives_the_frames_a
 
 
 @pytest.fixture(scope="module")
-def cartpole_run(tmp_path_factory) -> Path:
-    return train(tmp_path_factory.mktemp("cartpole") / "run", None, "env.num_envs=2", "train.total_steps=16")
+def blind_run(tmp_path_factory) -> Path:
+    """A run on a Gymnasium env that draws nothing."""
+    run = tmp_path_factory.mktemp("blind") / "run"
+    return train(run, None, "env.id=gym:RaysimTest/Blind-v0", "env.num_envs=2", "train.total_steps=16")
+
+
+def test_native_tasks_draw_their_rows_for_people_with_the_code_that_draws_reach_cameras_observation():
+    reach, camera = make("raysim/Reach", 3, seed=4), make("raysim/ReachCamera", 3, seed=4, camera={"size": 64})
+    pictures = reach.frames(64)
+    assert pictures.shape == (3, 64, 64, 3) and pictures.dtype == torch.uint8
+    assert torch.equal(pictures, camera.reset(4)["camera"].permute(0, 2, 3, 1))  # the same rows, the same scene
+    assert camera.frames(128).shape == (3, 128, 128, 3)  # any size, whatever the observation's
+    cartpole = make("raysim/CartPole", 2, seed=0)
+    upright = cartpole.frames(48)
+    cartpole.state[1, 2] = 0.2  # row 1's pole leans
+    leaning = cartpole.frames(48)
+    assert upright.shape == (2, 48, 48, 3)
+    assert torch.equal(leaning[0], upright[0]) and not torch.equal(leaning[1], upright[1])
 
 
 @pytest.mark.parametrize(
@@ -193,11 +211,11 @@ def test_a_video_path_that_cannot_be_written_is_one_line_and_exit_2(camera_run, 
     assert not list(tmp_path.glob("**/*.mp4"))
 
 
-def test_a_video_of_an_env_that_cannot_draw_is_one_line_and_exit_2(cartpole_run, painted_run, tmp_path, capsys):
+def test_a_video_of_an_env_that_cannot_draw_is_one_line_and_exit_2(blind_run, tmp_path, capsys):
     video = tmp_path / "out.mp4"
-    assert main(["eval", str(cartpole_run), "--local", "--episodes", "1", "--video", str(video)]) == 2
+    assert main(["eval", str(blind_run), "--local", "--episodes", "1", "--video", str(video)]) == 2
     err = capsys.readouterr().err
-    assert "a video of raysim/CartPole cannot be made: raysim/CartPole draws no pictures" in err
+    assert "a video of gym:RaysimTest/Blind-v0 cannot be made" in err
     assert len(err.strip().splitlines()) == 1 and not video.exists()
 
     blind = ["eval.video=true", "env.id=gym:RaysimTest/Blind-v0"]
