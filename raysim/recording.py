@@ -71,10 +71,15 @@ def film_on_shards(
     results: list[tuple | None] = [None] * count
     restarts = 0
 
-    def ask(i: int, plan: EvalEpisodes | None = None, steps: int | None = PART_STEPS) -> object:
-        drawing = not film.writer.full and steps is not None
+    def ask(i: int, plan: EvalEpisodes | None = None) -> object:
+        """Shard ``i``'s next part (``plan``: its first, with the weights), drawn until the writer is full."""
+        drawing = not film.writer.full
         return shards[i].call(
-            EnvShard.record, weights, plan, steps if drawing else None, film.size if drawing else None
+            EnvShard.record,
+            weights if plan is not None else None,
+            plan,
+            PART_STEPS if drawing else None,
+            film.size if drawing else None,
         )
 
     def take(i: int, future: object) -> Part:

@@ -129,11 +129,13 @@ class EnvShard:
         self.act(ending)
         return ending.results, ending.excluded, self.env.defines_success
 
-    def record(self, weights: dict, plan: EvalEpisodes | None, steps: int | None, size: int | None) -> Part:
-        """The next part of a filmed evaluation (``raysim.rollout.recording``): a ``plan`` starts one (None
-        continues it) and the part plays up to ``steps`` steps (None: to the end) with each row's picture
-        ``size`` pixels wide (None: no pictures) before each step; its ``result`` is ``evaluate``'s once it ended."""
-        self.set_weights(weights)
+    def record(self, weights: dict | None, plan: EvalEpisodes | None, steps: int | None, size: int | None) -> Part:
+        """The next part of a filmed evaluation (``raysim.rollout.recording``): a ``plan`` starts one with
+        ``weights`` (None continues it, with the weights it started with: they are sent once) and the part plays
+        up to ``steps`` steps (None: to the end) with each row's picture ``size`` pixels wide (None: no pictures)
+        before each step; its ``result`` is ``evaluate``'s once the evaluation ended."""
+        if weights is not None:
+            self.set_weights(weights)
         if plan is not None:
             self._recording = RecordedEval(self, plan)
         recording = self._recording
