@@ -1,7 +1,8 @@
 """Videos of evaluations: each step's pictures of every row tiled into one frame, streamed to ffmpeg.
 
 One frame per evaluation step: the pictures of all the evaluation's rows (every row of every shard, in
-global row order) tiled into a grid of ``ceil(sqrt(rows))`` columns, row 0 top left; a row that has
+global row order) tiled into a grid of ``ceil(sqrt(rows))`` columns, row 0 top left, two grey pixels
+between tiles; a row that has
 played its quota of episodes is a blank (black) tile. A frame goes to the encoder (``imageio-ffmpeg``'s
 ``write_frames``) as soon as it is tiled: none is kept here, whatever the video's length. At most
 ``max_frames`` frames are written (an untrained policy may never end an episode): the rest is dropped.
@@ -21,6 +22,7 @@ import numpy as np
 from raysim.composition import ConfigError
 
 INSTALL = 'pip install -e ".[video]"'
+GAP, GAP_COLOUR = 2, 96  # pixels between two tiles, and their grey
 #: ffmpeg's settings per extension: codec, pixel format and filters.
 FORMATS = {
     ".mp4": {"codec": "libx264", "pix_fmt_out": "yuv420p", "quality": 7},
@@ -57,15 +59,16 @@ def check_video_path(path: str | Path, what: str = "--video") -> None:
 
 def grid(pictures: Sequence[np.ndarray]) -> np.ndarray:
     """One frame [H', W', 3] uint8 of every row's picture (``pictures``: [rows_i, H, W, 3] per shard, in order),
-    ``ceil(sqrt(rows))`` tiles per line, padded with black to even sides (what H.264 takes)."""
+    ``ceil(sqrt(rows))`` tiles per line, ``GAP`` grey pixels between tiles, padded to even sides (for H.264)."""
     tiles = np.concatenate(list(pictures))
     count, height, width = tiles.shape[:3]
     columns = math.ceil(math.sqrt(count))
     lines = math.ceil(count / columns)
-    frame = np.zeros((lines * height + lines * height % 2, columns * width + columns * width % 2, 3), np.uint8)
+    size = (lines * (height + GAP) - GAP, columns * (width + GAP) - GAP)
+    frame = np.full((size[0] + size[0] % 2, size[1] + size[1] % 2, 3), GAP_COLOUR, np.uint8)
     for i, tile in enumerate(tiles):
-        line, column = divmod(i, columns)
-        frame[line * height : (line + 1) * height, column * width : (column + 1) * width] = tile
+        top, left = (height + GAP) * (i // columns), (width + GAP) * (i % columns)
+        frame[top : top + height, left : left + width] = tile
     return frame
 
 

@@ -68,14 +68,14 @@ def test_a_video_of_a_camera_reach_evaluation_holds_every_frame_of_its_counted_e
     assert code == 0
     frames = iio.imread(video, index=None)
     assert len(records) == 4 and frames.shape[0] == frames_implied(records)
-    assert frames.shape[1:] == (128, 256, 3)  # two rows of 128 px pictures side by side
+    assert frames.shape[1:] == (128, 258, 3)  # two rows of 128 px pictures side by side, 2 px apart
     assert f"video: {video}: {frames.shape[0]} frames" in capsys.readouterr().out
     # a row done with its quota is a blank tile: the row that played the shorter episodes goes black first
     short_row = min((0, 1), key=lambda row: sum(r["length"] for r in records if r["row"] == row))
     done = sum(r["length"] for r in records if r["row"] == short_row)
     if done < frames.shape[0]:
-        assert frames[done:, :, 128 * short_row : 128 * (short_row + 1)].max() < 24
-    assert frames[0, :, 128 * short_row : 128 * (short_row + 1)].mean() > 12  # the arm over its background
+        assert frames[done:, :, 130 * short_row : 130 * short_row + 128].max() < 24
+    assert frames[0, :, 130 * short_row : 130 * short_row + 128].mean() > 12  # the arm over its background
 
     code, plain = evaluate(camera_run, tmp_path, "--episodes", "4", "--envs-per-shard", "2")
     assert code == 0 and plain == records  # filming only looks: the same episodes, the same records
@@ -87,7 +87,7 @@ def test_a_gif_of_a_gymnasium_env_shows_each_rows_episodes_step_by_step_then_a_b
     assert code == 0
     frames = iio.imread(video, index=None)[..., :3]
     height, width = painted.PICTURE
-    assert frames.shape == (frames_implied(records), height, 2 * width, 3)
+    assert frames.shape == (frames_implied(records), height, 2 * width + 2, 3)
     for row in (0, 1):  # row r plays episodes r, r + 2, ... in order; then its tile is blank
         expected = [
             painted.grey(t)
@@ -96,7 +96,7 @@ def test_a_gif_of_a_gymnasium_env_shows_each_rows_episodes_step_by_step_then_a_b
             for t in range(r["length"])
         ]
         expected += [0] * (frames.shape[0] - len(expected))
-        assert frames[:, height // 2, width * row + width // 2, 0].tolist() == expected
+        assert frames[:, height // 2, (width + 2) * row + width // 2, 0].tolist() == expected
 
 
 def test_a_video_is_cut_at_its_frame_cap_and_the_evaluation_still_counts_every_episode(camera_run, tmp_path, capsys):
@@ -125,7 +125,7 @@ def test_eval_video_during_training_films_every_evaluation_into_the_run(tmp_path
     assert evaluations and sorted(p.stem for p in (run / "videos").iterdir()) == evaluations
     for iteration in evaluations:
         frames = iio.imread(run / "videos" / f"{iteration}.mp4", index=None)
-        assert frames.shape == (30, 32, 64, 3)  # every episode is cut at eval.max_steps
+        assert frames.shape == (30, 32, 66, 3)  # every episode is cut at eval.max_steps
 
 
 class KillingWriter(VideoWriter):
