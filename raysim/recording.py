@@ -6,9 +6,10 @@ of every shard, in shard order, tiles step ``t`` of all rows into one frame (``r
 hands it to the writer, which streams it to the encoder; the shards' next parts are asked for before
 this one is written, so they play while the driver encodes, and no more than two parts of pictures per
 shard exist at any time. Step ``t`` of every shard is frame ``t``: a shard that has ended gives blank
-tiles. Once the writer's frame cap is reached the shards play the rest without pictures. A shard whose
-process dies is replaced and replays its episodes by index: the steps already filmed without pictures,
-then on. The records are those of an evaluation without a video (``raysim.rollout.recording``).
+tiles, and rows with no episode to play (fewer episodes than rows) are left out of the grid. Once the
+writer's frame cap is reached the shards play the rest without pictures. A shard whose process dies is
+replaced and replays its episodes by index: the steps already filmed without pictures, then on. The
+records are those of an evaluation without a video (``raysim.rollout.recording``).
 """
 
 from __future__ import annotations
@@ -112,24 +113,25 @@ def film_on_shards(
                 pending[i] = ask(i)  # the shard plays its next part while this one is written
             else:
                 results[i] = part.result
-        write_parts(film.writer, parts, [len(plan.quotas) for plan in plans])
+        write_parts(film.writer, parts, [np.asarray(plan.quotas) > 0 for plan in plans])
     counted = [pair for result in results for pair in result[0]]
     return counted, sum(result[1] for result in results), next((r[2] for r in results if r[2] is not None), None)
 
 
-def write_parts(writer: VideoWriter, parts: dict[int, Part], rows: list[int]) -> None:
-    """Frames of the steps of one part of every shard (``parts`` by shard; ``rows``: each shard's rows); the
-    tiles of a shard without pictures at a step (it has ended) are blank."""
+def write_parts(writer: VideoWriter, parts: dict[int, Part], shown: list[np.ndarray]) -> None:
+    """Frames of the steps of one part of every shard (``parts`` by shard). ``shown``: each shard's rows that
+    have episodes to play (a row with none is left out of the grid); the tiles of a shard without pictures
+    at a step (it has ended) are blank."""
     drawn = [part.pictures for part in parts.values() if part.pictures is not None]
     if not drawn:
         writer.cut |= writer.full and any(part.steps for part in parts.values())  # steps played past the cap
         return
     picture = drawn[0].shape[2:]
-    blank = [np.zeros((n, *picture), np.uint8) for n in rows]
+    blank = [np.zeros((int(rows.sum()), *picture), np.uint8) for rows in shown]
     for t in range(max(pictures.shape[0] for pictures in drawn)):
         tiles = []
-        for i in range(len(rows)):
+        for i, rows in enumerate(shown):
             pictures = parts[i].pictures if i in parts else None
-            tiles.append(pictures[t] if pictures is not None and t < pictures.shape[0] else blank[i])
+            tiles.append(pictures[t][rows] if pictures is not None and t < pictures.shape[0] else blank[i])
         if not writer.add(grid(tiles)):
             return

@@ -101,10 +101,10 @@ def test_a_gif_of_a_gymnasium_env_shows_each_rows_episodes_step_by_step_then_a_b
 
 def test_a_video_is_cut_at_its_frame_cap_and_the_evaluation_still_counts_every_episode(camera_run, tmp_path, capsys):
     video = tmp_path / "out.mp4"
-    args = ["--episodes", "4", "--envs-per-shard", "2", "--video", str(video), "--video-frames", "10"]
+    args = ["--episodes", "4", "--envs-per-shard", "8", "--video", str(video), "--video-frames", "10"]
     code, records = evaluate(camera_run, tmp_path, *args, "--video-size", "32")
     assert code == 0 and len(records) == 4
-    assert iio.imread(video, index=None).shape[0] == 10
+    assert iio.imread(video, index=None).shape == (10, 66, 66, 3)  # the 4 rows that play, 2 x 2; 4 idle left out
     assert "10 frames (the --video-frames cap: the rest was not filmed)" in capsys.readouterr().out
 
 
