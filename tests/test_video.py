@@ -231,3 +231,12 @@ def test_a_video_without_the_video_extra_names_what_to_install(camera_run, tmp_p
     assert main(["eval", str(camera_run), "--local", "--video", str(tmp_path / "out.mp4")]) == 2
     err = capsys.readouterr().err
     assert 'pip install -e ".[video]"' in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_resumed_run_retires_the_videos_of_iterations_after_its_checkpoint_with_their_records(tmp_path):
+    sets = ["eval.every=1", "eval.episodes=2", "eval.num_envs=2", "eval.video=true", "eval.video_size=16"]
+    run = train(tmp_path / "run", None, "env.num_envs=2", "train.total_steps=64", "train.stop_after=2", *sets)
+    assert sorted(p.name for p in (run / "videos").iterdir()) == ["1.mp4", "2.mp4"]
+    (run / "videos" / "5.mp4").write_bytes(b"an abandoned timeline's video")  # as if iteration 5 had been lost
+    assert main(["resume", str(run), "--local"]) == 0  # on to the budget: iteration 4
+    assert sorted(p.name for p in (run / "videos").iterdir()) == ["1.mp4", "2.mp4", "3.mp4", "4.mp4"]
