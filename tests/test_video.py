@@ -145,7 +145,7 @@ class KillingWriter(VideoWriter):
 def test_an_evaluation_filmed_on_ray_shards_one_of_which_dies_gives_the_frames_and_records_of_a_local_one(
     ray_session, tmp_path
 ):
-    spec = EvalSpec(episodes=24, seed=5, max_steps=100)
+    spec = EvalSpec(episodes=12, seed=5, max_steps=100)
     env_id, layout = "raysim/Reach", [3, 3]
     weights = {"version": 1, "actor": ActorCritic(*EnvShard(env_id, 1).spaces()[:2], ModelConfig()).actor.state_dict()}
 
