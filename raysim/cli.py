@@ -255,15 +255,16 @@ def add_video_options(evaluate: argparse.ArgumentParser) -> None:
         help="film the evaluation into this .mp4 or .gif: one frame per step, every row a tile",
     )
     video.add_argument(
-        "--video-frames", type=positive, default=2000, help="frames the video holds at most (default 2000)"
+        "--video-frames", type=positive, default=2000, metavar="N", help="frames the video holds at most (default 2000)"
     )
     video.add_argument(
         "--video-size",
         type=positive,
         default=128,
+        metavar="PIXELS",
         help="pixels per side of a row's picture, for envs that draw their own (default 128)",
     )
-    video.add_argument("--video-fps", type=positive, default=25, help="frames per second (default 25)")
+    video.add_argument("--video-fps", type=positive, default=25, metavar="FPS", help="frames per second (default 25)")
 
 
 def add_plot(commands, common) -> None:
