@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raysim.checkpoint import CheckpointError
 from raysim.config import ConfigError, load_config
@@ -19,6 +20,9 @@ from raysim.coordinator.cluster import ResourceError
 from raysim.coordinator.trainer import RunFailed
 from raysim.envs.errors import MissingDependencyError
 from raysim.storage import RunLockedError, unwritable
+
+if TYPE_CHECKING:
+    from raysim.recording import Film
 
 TRAIN_HELP = """Train PPO / GRPO on batched envs with Ray.
 
@@ -239,7 +243,28 @@ def add_eval(commands, common) -> None:
     )
     evaluate.add_argument("--local", action="store_true", help="run in this process, without Ray")
     evaluate.add_argument("--address", help="Ray cluster to attach to (host:port, or local)")
+    add_video_options(evaluate)
     evaluate.set_defaults(run=eval_command)
+
+
+def add_video_options(evaluate: argparse.ArgumentParser) -> None:
+    video = evaluate.add_argument_group("video (the video extra)")
+    video.add_argument(
+        "--video",
+        metavar="FILE.mp4",
+        help="film the evaluation into this .mp4 or .gif: one frame per step, every row a tile",
+    )
+    video.add_argument(
+        "--video-frames", type=positive, default=2000, metavar="N", help="frames the video holds at most (default 2000)"
+    )
+    video.add_argument(
+        "--video-size",
+        type=positive,
+        default=128,
+        metavar="PIXELS",
+        help="pixels per side of a row's picture, for envs that draw their own (default 128)",
+    )
+    video.add_argument("--video-fps", type=positive, default=25, metavar="FPS", help="frames per second (default 25)")
 
 
 def add_plot(commands, common) -> None:
@@ -429,22 +454,47 @@ def eval_command(args: argparse.Namespace) -> int:
 
     if args.out:
         check_output(args.out, "--out")
-    report = evaluate(
-        args.path,
-        episodes=args.episodes,
-        seed=args.seed,
-        shards=args.shards,
-        envs_per_shard=args.envs_per_shard,
-        deterministic=not args.stochastic,
-        balanced=not args.no_quotas,
-        out=args.out,
-        backend="local" if args.local else None,
-        address=args.address,
-    )
+    film = video_film(args) if args.video else None
+    try:
+        report = evaluate(
+            args.path,
+            episodes=args.episodes,
+            seed=args.seed,
+            shards=args.shards,
+            envs_per_shard=args.envs_per_shard,
+            deterministic=not args.stochastic,
+            balanced=not args.no_quotas,
+            out=args.out,
+            backend="local" if args.local else None,
+            address=args.address,
+            film=film,
+        )
+    except BaseException:
+        if film is not None:
+            film.writer.abandon()  # no half video
+        raise
     print(format_report(report))
     if args.out:
         print(f"records: {args.out}")
+    if film is not None:
+        writer = film.writer
+        path = writer.close()
+        cut = " (the --video-frames cap: the rest was not filmed)" if writer.cut else ""
+        print(f"video: {path}: {writer.frames} frames{cut}" if path else "video: no frame (no step was played)")
     return 0
+
+
+def video_film(args: argparse.Namespace) -> Film:
+    """The film of ``raysim eval --video``, its path, file type and the extra checked first."""
+    from raysim.recording import Film
+    from raysim.video import VideoWriter, check_video_path, require_video
+
+    check_output(args.video, "--video")
+    check_video_path(args.video)
+    if args.video_size < 8:
+        raise ConfigError(f"--video-size must be >= 8 (pixels per side of a row's picture), got {args.video_size}")
+    require_video()
+    return Film(VideoWriter(args.video, args.video_fps, args.video_frames), args.video_size)
 
 
 def plot_command(args: argparse.Namespace) -> int:

@@ -147,6 +147,14 @@ class EvalConfig:
         help="steps an episode may take, then it is cut and not completed (default: the episode limit, or 1000)",
         low=1,
     )
+    video: bool = setting(
+        False, help="film every evaluation during training into videos/<iteration>.mp4 in the run (extra: video)"
+    )
+    video_frames: int = setting(
+        2000, help="frames a video holds at most (the rest of the evaluation is not filmed)", low=1
+    )
+    video_size: int = setting(128, help="pixels per side of a row's picture, for envs that draw their own", low=8)
+    video_fps: int = setting(25, help="frames per second of a video", low=1)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from statistics import NormalDist
 
 from raysim.actors import Backend, Handle, InputLost
 from raysim.config import EvalConfig
+from raysim.recording import Film, film_on_shards
 from raysim.records import records_table
 from raysim.rollout import EnvShard, EvalEpisodes
 from raysim.storage import write_parquet
@@ -156,24 +157,58 @@ def evaluate_on_shards(
     on_scored_episode: Callable[[dict], None] | None = None,
     on_episode: Callable[[dict], None] | None = None,
     max_restarts: int = 3,
+    film: Film | None = None,
 ) -> EvalReport:
     """Run episodes ``0..spec.episodes-1`` over the shards' rows (``EvalEpisodes``) and summarize them.
 
     A shard whose process dies is replaced (``make_shard(i)``, also written into ``shards``) and
     its rows play their episodes again by index, so the report equals that of a run without the
-    fault. The callbacks see each counted episode once, in index order.
+    fault. The callbacks see each counted episode once, in index order. ``film``: the evaluation is
+    also filmed into its video (``raysim.recording``), with the same records.
     """
     rows = sum(rows_per_shard)
     row_quotas = quotas(spec.episodes, rows) if spec.balanced else [spec.episodes] * rows
     stop_after = None if spec.balanced else spec.episodes
     offsets = [sum(rows_per_shard[:i]) for i in range(len(shards))]
+    plans = [
+        EvalEpisodes(
+            row_quotas[offsets[i] : offsets[i] + rows_per_shard[i]],
+            offsets[i],
+            spec.seed,
+            spec.max_steps,
+            spec.deterministic,
+            stop_after,
+            rows,
+        )
+        for i in range(len(shards))
+    ]
+    if film is not None:
+        played = film_on_shards(backend, make_shard, shards, plans, weights, film, max_restarts)
+    else:
+        played = play_on_shards(backend, make_shard, shards, plans, weights, max_restarts)
+    results, excluded, defines_success = played
+    if not spec.balanced:  # the first episodes to finish, over all shards
+        results = sorted(results, key=lambda pair: (pair[0]["step"], pair[0]["row"]))[: spec.episodes]
+    results.sort(key=lambda pair: pair[0]["episode"])
+    for record, report in results:
+        if on_scored_episode is not None:
+            on_scored_episode(dict(record))
+        if on_episode is not None:
+            on_episode(report)
+    return summarize([record for record, _ in results], spec.episodes, spec.confidence, excluded, defines_success)
 
-    def call(i: int):
-        part = row_quotas[offsets[i] : offsets[i] + rows_per_shard[i]]
-        plan = EvalEpisodes(part, offsets[i], spec.seed, spec.max_steps, spec.deterministic, stop_after, rows)
-        return shards[i].call(EnvShard.evaluate, weights, plan)
 
-    pending = {i: call(i) for i in range(len(shards))}
+def play_on_shards(
+    backend: Backend,
+    make_shard: Callable[[int], Handle],
+    shards: list[Handle],
+    plans: list[EvalEpisodes],
+    weights: object,
+    max_restarts: int = 3,
+) -> tuple[list[tuple[dict, dict]], int, bool | None]:
+    """Play ``plans`` on ``shards`` (one each, all at once; a dead shard replaced and its plan played again):
+    the counted ``(record, report)`` pairs, the episodes left out and whether the task defines success."""
+    pending = {i: shards[i].call(EnvShard.evaluate, weights, plans[i]) for i in range(len(shards))}
     results: list[tuple[dict, dict]] = []
     restarts, excluded, defines_success = 0, 0, None
     while pending:
@@ -192,16 +227,8 @@ def evaluate_on_shards(
                 f"evaluation shard {i} died ({type(error).__name__}); replacing it and replaying its rows", flush=True
             )
             shards[i] = make_shard(i)
-            pending[i] = call(i)
-    if not spec.balanced:  # the first episodes to finish, over all shards
-        results = sorted(results, key=lambda pair: (pair[0]["step"], pair[0]["row"]))[: spec.episodes]
-    results.sort(key=lambda pair: pair[0]["episode"])
-    for record, report in results:
-        if on_scored_episode is not None:
-            on_scored_episode(dict(record))
-        if on_episode is not None:
-            on_episode(report)
-    return summarize([record for record, _ in results], spec.episodes, spec.confidence, excluded, defines_success)
+            pending[i] = shards[i].call(EnvShard.evaluate, weights, plans[i])
+    return results, excluded, defines_success
 
 
 def write_records(path: str | Path, records: list[dict]) -> None:

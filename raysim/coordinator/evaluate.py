@@ -8,10 +8,11 @@ from pathlib import Path
 from raysim.checkpoint import locate_checkpoint
 from raysim.config import Config, load_run_config
 from raysim.coordinator.cluster import start_backend
-from raysim.coordinator.preflight import check_env_and_model
+from raysim.coordinator.preflight import check_env_and_model, check_renders
 from raysim.coordinator.roles import create_shard
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.models import actor_state
+from raysim.recording import Film
 from raysim.rollout import EnvShard
 
 
@@ -28,21 +29,25 @@ def evaluate(
     address: str | None = None,
     on_scored_episode: Callable[[dict], None] | None = None,
     on_episode: Callable[[dict], None] | None = None,
+    film: Film | None = None,
 ) -> EvalReport:
-    """Evaluate a run's latest checkpoint (or the given checkpoint directory); see ``raysim eval``."""
+    """Evaluate a run's latest checkpoint (or the given checkpoint directory); see ``raysim eval``. ``film``: also
+    film the evaluation into ``film.writer`` (``raysim.recording``; the caller closes the writer)."""
     storage, _, state, meta = locate_checkpoint(run_dir_or_checkpoint)  # past damaged checkpoints
     overrides = [f"eval.episodes={episodes}", f"eval.deterministic={deterministic}", f"eval.balanced={balanced}"]
+    overrides.append(f"eval.video={film is not None}")  # evaluation shards that draw, or not
     for key, value in (
         ("eval.seed", seed),
         ("eval.shards", shards),
         ("eval.num_envs", envs_per_shard),
         ("backend", backend),
+        ("eval.video_size", film.size if film else None),
     ):
         if value is not None:
             overrides.append(f"{key}={value}")
     try:
         config = load_run_config(storage, overrides)
-        report = evaluate_config(config, state, meta, address, on_scored_episode, on_episode)
+        report = evaluate_config(config, state, meta, address, on_scored_episode, on_episode, film)
     finally:
         storage.close()  # the local copy of a remote run's configs
     if out is not None:
@@ -57,10 +62,13 @@ def evaluate_config(
     address: str | None,
     on_scored_episode: Callable[[dict], None] | None = None,
     on_episode: Callable[[dict], None] | None = None,
+    film: Film | None = None,
 ) -> EvalReport:
     """Evaluate the actor of a checkpoint's ``state`` as ``config.eval`` says, on fresh evaluation shards."""
     weights = {"version": int(meta.get("iteration", 0)), "actor": actor_state(state["model"])}
     check_env_and_model(config)  # an env that cannot be built here (its package missing) is said before Ray starts
+    if film is not None:
+        check_renders(config)
     runner, started = start_backend(config, address)
     handles = []
     try:
@@ -75,6 +83,7 @@ def evaluate_config(
             EvalSpec.of(config.eval, max_episode_steps),
             on_scored_episode,
             on_episode,
+            film=film,
         )
     finally:
         for handle in handles:

@@ -13,7 +13,8 @@ from typing import Any
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.envs import make, stacked
-from raysim.envs.errors import EnvOptionError, MissingDependencyError, UnknownEnvError
+from raysim.envs.errors import CannotRender, EnvOptionError, MissingDependencyError, UnknownEnvError
+from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.messages import captured
 from raysim.models import ActorCritic
 from raysim.storage import is_uri, unwritable
@@ -44,6 +45,25 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         return env.observation_spaces, env.action_space
     except ValueError as error:
         raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
+    finally:
+        env.close()
+
+
+def check_renders(config: Config) -> None:
+    """A ``ConfigError`` when the env of ``config`` cannot draw its rows for a video (``eval.video``, ``raysim eval
+    --video``): one row is built as a filmed evaluation builds it and drawn once."""
+    env_id = config.env.id
+    try:
+        with captured():  # what building the env prints was said by ``check_env_and_model``
+            env = make(env_id, 1, seed=0, **with_pictures(env_id, config.env.kwargs))
+    except Exception as error:  # noqa: BLE001 - e.g. a Gymnasium env that takes no render_mode
+        raise ConfigError(
+            f"a video of {env_id} cannot be made: building it to draw failed: {one_line(error)}"
+        ) from error
+    try:
+        env.frames(config.eval.video_size)
+    except CannotRender as error:
+        raise ConfigError(f"a video of {env_id} cannot be made: {one_line(error)}") from error
     finally:
         env.close()
 

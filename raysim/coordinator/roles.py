@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from raysim.actors import Backend, Handle
 from raysim.config import Config
 from raysim.coordinator.cluster import ResourceError, describe_needs, needs
+from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.registry import materialize
 from raysim.learner import LearnerGroup
 from raysim.rollout import EnvShard
@@ -32,18 +33,22 @@ def shard_request(config: Config) -> dict[str, float]:
 def create_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:
     """Training shard ``index`` (or evaluation shard ``index``) of ``config``.
 
-    ``generation`` counts replacements of a shard that died: a replacement plays new episodes.
+    ``generation`` counts replacements of a shard that died: a replacement plays new episodes. Evaluation
+    shards of a run that films its evaluations (``eval.video``) have envs that draw (``with_pictures``).
     """
     num_envs = config.eval.num_envs if evaluation else config.env.num_envs
     keys = (11 if evaluation else 10, index) + ((generation,) if generation else ())
     seed = derive_seed(config.eval.seed if evaluation else config.seed, *keys)
+    env_kwargs = materialize(config.env.id, config.env.kwargs)  # resources as arrays: no file read on a shard
+    if evaluation and config.eval.video:
+        env_kwargs = with_pictures(config.env.id, env_kwargs)
     return backend.create(
         EnvShard,
         config.env.id,
         num_envs,
         seed=seed,
         model=config.model,
-        env_kwargs=materialize(config.env.id, config.env.kwargs),  # resources as arrays: no file read on a shard
+        env_kwargs=env_kwargs,
         shard_index=index,
         on_nonfinite=config.env.on_nonfinite,
         frame_stack=config.env.frame_stack,

@@ -20,6 +20,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Batch, Collector
 from raysim.coordinator.memory import memory_need
 from raysim.coordinator.phases import PhaseClock
-from raysim.coordinator.preflight import check_env_and_model, check_run_dir, check_weights_fit
+from raysim.coordinator.preflight import check_env_and_model, check_renders, check_run_dir, check_weights_fit
 from raysim.coordinator.roles import create_learner, create_roles, start_shard
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopRequested, StopSignals
@@ -42,11 +43,14 @@ from raysim.identity import checkpoint_identity, differences, env_identity
 from raysim.learner.group import combined
 from raysim.learner.inputs import ChunksLost
 from raysim.metrics import SinkSet, make_sinks
+from raysim.recording import film_into
 from raysim.records import write_evaluation
 from raysim.rollout import EnvShard
 from raysim.storage import RunLock, is_uri, open_storage
+from raysim.video import require_video
 
 FINISHED = ("budget", "solved")  # the stop reasons of a run that reached its end
+VIDEOS = "videos"  # the run's folder of evaluation videos (``eval.video``)
 
 #: Called at every log step with its metrics record and the checkpoint saved in that iteration (or None).
 #: The end of the run is in its ``Summary`` (a Tune trial reports it once the run closed: ``final_metrics``).
@@ -139,6 +143,9 @@ class Trainer:
     ):
         check_config(config)
         self.spaces = check_env_and_model(config)
+        if config.eval.video:
+            require_video()
+            check_renders(config)
         if resume is not None and resume.force:
             check_weights_fit(self.spaces, config, resume.state.get("model") or {}, f"cannot resume {config.run_dir}")
         self.config = config
@@ -533,17 +540,21 @@ class Trainer:
             raise stop
 
     def _evaluate(self, iteration: int) -> EvalReport:
-        """Evaluate the current weights (those of ``iteration``); the records go to ``eval/<iteration>.parquet``."""
+        """Evaluate the current weights (those of ``iteration``); the records go to ``eval/<iteration>.parquet``, and
+        with ``eval.video`` its film to ``videos/<iteration>.mp4``."""
         cfg, backend, roles = self.config, self.backend, self.roles
         self._fault("eval", iteration)
-        report = evaluate_on_shards(
-            backend,
-            lambda i: start_shard(backend, cfg, i, evaluation=True),
-            roles.eval_shards,
-            [cfg.eval.num_envs] * len(roles.eval_shards),
-            self.weights,
-            EvalSpec.of(cfg.eval, roles.max_episode_steps),
-        )
+        filming = film_into(self.storage, f"{VIDEOS}/{iteration}.mp4", cfg.eval) if cfg.eval.video else nullcontext()
+        with filming as film:
+            report = evaluate_on_shards(
+                backend,
+                lambda i: start_shard(backend, cfg, i, evaluation=True),
+                roles.eval_shards,
+                [cfg.eval.num_envs] * len(roles.eval_shards),
+                self.weights,
+                EvalSpec.of(cfg.eval, roles.max_episode_steps),
+                film=film,
+            )
         write_evaluation(self.storage, iteration, report.records)
         return report
 
@@ -675,11 +686,12 @@ class Trainer:
         self._drop_records_after(iteration)
 
     def _drop_records_after(self, iteration: int) -> None:
-        """Evaluation records of iterations after ``iteration`` (an abandoned future) are removed."""
-        for name in self.storage.list("eval"):
-            stem = name.removesuffix(".parquet")
-            if stem.isdigit() and int(stem) > iteration:
-                self.storage.remove(f"eval/{name}")
+        """Evaluation records and videos of iterations after ``iteration`` (an abandoned future) are removed."""
+        for folder in ("eval", VIDEOS):
+            for name in self.storage.list(folder):
+                stem = name.partition(".")[0]
+                if stem.isdigit() and int(stem) > iteration:
+                    self.storage.remove(f"{folder}/{name}")
 
     def _sinks(self, state: RunState) -> SinkSet:
         if self.sinks is not None:

@@ -2,7 +2,8 @@
 
 Same constants, Euler integration, termination thresholds (|x| > 2.4, |theta| > 12 degrees),
 reward 1 on every step (the terminal one included) and initial states uniform in [-0.05, 0.05].
-Truncation at ``max_episode_steps`` (500, as CartPole-v1's TimeLimit).
+Truncation at ``max_episode_steps`` (500, as CartPole-v1's TimeLimit). ``frames`` draws every row from the
+side (track, cart, pole; ``raysim.envs.camera``), for videos.
 
 Option ``initial_states``: a fixed table of initial states (a task resource) that resets draw
 rows from, declared as ``{generate: K, seed: S}`` (materialized once, deterministically), as
@@ -18,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from raysim.envs.camera import Camera, Disks, Segments
 from raysim.envs.contract import Obs
 from raysim.envs.torch_env import TorchEnv
 
@@ -118,6 +120,24 @@ class CartPole(TorchEnv):
         self.state = state = torch.add(self.state, deriv.mul_(c["tau"]))
         terminated = torch.gt(state[:, 0::2].abs(), self._thresholds).any(1)  # |x| > 2.4 or |theta| > 12 deg
         return torch.ones(self.num_envs, device=self.device), terminated
+
+    def frames(self, size: int) -> torch.Tensor:
+        """Every row's cart and pole seen from the side, the track's whole width, ``[N, size, size, 3]`` uint8."""
+        camera = getattr(self, "_video_camera", None)
+        if camera is None or camera.size != size:
+            camera = self._video_camera = Camera(size, 2.6, (0.0, 0.6), (245, 245, 240), self.device)
+        x, theta = self.state[:, 0:1], self.state[:, 2:3]
+        base = torch.stack((x, torch.zeros_like(x)), dim=2)  # [N, 1, 2]: the pole's pivot on the cart
+        tip = base + 2 * HALF_LENGTH * torch.stack((torch.sin(theta), torch.cos(theta)), dim=2)
+        ends = torch.tensor([[[-X_THRESHOLD, -0.1]], [[X_THRESHOLD, -0.1]]], device=self.device)
+        offset = torch.tensor([0.25, 0.0], device=self.device)
+        layers = [
+            Segments(ends[0].expand(len(x), 1, 2), ends[1].expand(len(x), 1, 2), 0.02, (120, 120, 120)),
+            Segments(base - offset, base + offset, 0.12, (40, 40, 40)),
+            Segments(base, tip, 0.05, (200, 140, 80)),
+            Disks(base, 0.05, (130, 130, 200)),
+        ]
+        return camera.render(layers, self.num_envs).permute(0, 2, 3, 1).contiguous()
 
     def _scratch(self) -> dict[str, torch.Tensor]:
         """Per-env scratch tensors of ``_advance`` (never handed out)."""

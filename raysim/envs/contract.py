@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import torch
 
+from raysim.envs.errors import CannotRender
+
 Obs = dict[str, torch.Tensor]
 
 
@@ -90,6 +92,12 @@ class BatchedEnv:
     def step(self, actions: torch.Tensor) -> Step:
         """Advance every row by one step, auto-resetting the rows that finished."""
         raise NotImplementedError
+
+    def frames(self, size: int) -> torch.Tensor:
+        """A picture of every row for people (videos): ``[N, H, W, 3]`` uint8 RGB of the state each row acts
+        on next. ``size``: pixels per side for an env that draws its own pictures (native tasks); an env with a
+        renderer of its own (Gymnasium's ``rgb_array``) gives its size. ``CannotRender`` when it draws none."""
+        raise CannotRender(f"{self.env_id} draws no pictures of its rows (it has no frames method)")
 
     def get_state(self) -> dict | None:
         """The env's state as tensors and plain data, or None when it cannot be saved.

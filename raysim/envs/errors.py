@@ -1,4 +1,5 @@
-"""The errors of building an env from a config: a wrong id, an option the env does not take, a package not installed."""
+"""The errors of building an env from a config (a wrong id, an option the env does not take, a package not installed)
+and of asking an env for what it cannot do (pictures)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,7 @@ class EnvOptionError(ValueError):
 
 class MissingDependencyError(ImportError):
     """An env whose package (a Gymnasium extra, a plugin such as ale-py) is not installed; says what to install."""
+
+
+class CannotRender(ValueError):
+    """An env that draws no pictures of its rows (a video of it cannot be made); the message says what would."""

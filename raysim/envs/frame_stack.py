@@ -112,6 +112,10 @@ class FrameStack(BatchedEnv):
         step.obs = self._observed(step.obs)
         return step
 
+    def frames(self, size: int) -> torch.Tensor:
+        """The env's pictures (a stack is what the policy sees, not what a person watches)."""
+        return self.env.frames(size)
+
     def get_state(self) -> dict | None:
         """The env's state and the rows' stacks; None when the env cannot save its state."""
         state = self.env.get_state()

@@ -21,6 +21,10 @@ group (``raysim.envs.spaces``: a uint8 ``Box`` of three dimensions) stays uint8;
 becomes float32. Episode reports carry ``return``, ``length`` and, where the env's info has
 ``is_success`` or ``success``, ``success``.
 
+Pictures (``frames``, for videos) are the sub-envs' own ``render()`` in ``render_mode="rgb_array"``,
+which a filmed evaluation sets (``with_pictures``); ``render_mode`` does not change what the env is
+(it is left out of the env identity, as ``vectorize`` is).
+
 Ids of a namespace another package registers (``ALE/...``: ``ale_py``) are registered by importing
 it; a package that is not installed (that one, or one Gymnasium reports with ``DependencyNotInstalled``)
 is a ``MissingDependencyError`` that says what to install (raysim's extra where it has one).
@@ -39,7 +43,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from raysim.envs.contract import BatchedEnv, Obs, Step, check_actions, check_num_envs
-from raysim.envs.errors import MissingDependencyError, UnknownEnvError
+from raysim.envs.errors import CannotRender, MissingDependencyError, UnknownEnvError
 from raysim.envs.spaces import group_dtype
 
 VECTORIZE = ("sync", "async", "native")
@@ -48,7 +52,7 @@ NAMESPACE_PACKAGES = {"ALE": ("ale_py", "gymnasium[atari]")}
 #: Gymnasium extras that raysim has an extra for, of the same name (``raysim[mujoco]`` installs ``gymnasium[mujoco]``).
 RAYSIM_EXTRAS = ("mujoco",)
 #: The adapter's own options: how it runs the env, not what the env is (left out of the env identity).
-RUNTIME_OPTIONS = ("vectorize", "autoreset_mode")
+RUNTIME_OPTIONS = ("vectorize", "autoreset_mode", "render_mode")
 
 
 class GymAdapter(BatchedEnv):
@@ -171,6 +175,20 @@ class GymAdapter(BatchedEnv):
             valid=None if valid.all() else torch.from_numpy(valid.copy()),
         )
 
+    def frames(self, size: int) -> torch.Tensor:
+        """The sub-envs' own pictures (made with ``render_mode="rgb_array"``), ``[N, H, W, 3]`` uint8 at the
+        env's size (``size`` does not apply); every vector mode's ``render`` gives one picture per sub-env."""
+        mode = getattr(self.vec, "render_mode", None)
+        if mode != "rgb_array":
+            raise CannotRender(f"{self.env_id} was made with render_mode={mode!r}: its pictures need 'rgb_array'")
+        try:
+            pictures = self.vec.render()
+        except gym.error.DependencyNotInstalled as error:
+            raise CannotRender(f"{self.env_id}: {raysim_extra(str(error).strip())}") from error
+        if pictures is None or len(pictures) != self.num_envs:
+            raise CannotRender(f"{self.env_id}: render() gave no picture per sub-env (got {type(pictures).__name__})")
+        return torch.from_numpy(np.stack([np.asarray(p, dtype=np.uint8)[..., :3] for p in pictures]))
+
     def close(self) -> None:
         self.vec.close()
 
@@ -179,6 +197,14 @@ class GymAdapter(BatchedEnv):
         if not isinstance(obs, dict):
             obs = {"policy": obs}
         return {k: torch.tensor(np.asarray(obs[k]), dtype=self._dtypes[k]) for k in self.observation_spaces}
+
+
+def with_pictures(env_id: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` of ``env_id`` for an env that draws its rows (a filmed evaluation): a Gymnasium id renders
+    ``rgb_array`` unless its ``render_mode`` says otherwise; a native task draws without an option."""
+    if env_id.startswith("gym:") and options.get("render_mode") is None:
+        return {**options, "render_mode": "rgb_array"}
+    return options
 
 
 def register_namespace(gym_id: str) -> None:

@@ -63,6 +63,7 @@ import numpy as np
 import torch
 
 from raysim.envs.actions import make_action_term
+from raysim.envs.arm_picture import arm_camera, draw_arm
 from raysim.envs.contract import Obs
 from raysim.envs.observations import ObservationGroups
 from raysim.envs.torch_env import TorchEnv
@@ -337,6 +338,14 @@ class Reach(TorchEnv):
         for column, name in enumerate(self.reward_names):
             report[f"reward_{name}"] = sums[:, column] / length
         return report
+
+    def frames(self, size: int) -> torch.Tensor:
+        """Every row's arm and target from above (``raysim.envs.arm_picture``), ``[N, size, size, 3]`` uint8."""
+        camera = getattr(self, "_video_camera", None)
+        if camera is None or camera.size != size:
+            camera = self._video_camera = arm_camera(size, self.reach, self.device)
+        pictures = draw_arm(camera, self.joint_pos, self.link_lengths, self.goal, self.reach)
+        return pictures.permute(0, 2, 3, 1).contiguous()
 
     def get_state(self) -> dict[str, torch.Tensor]:
         state = super().get_state()

@@ -4,10 +4,10 @@ The task is Reach's (dynamics, rewards, success, episodes, seeding: the same row
 the same seed and actions); only what the policy observes differs. Groups:
 
 - ``camera``: ``[3, size, size]`` uint8 RGB, **channels first** (what torch convolutions take), the
-  arm from above over a dark background: grey links, blue joints, a green end effector and the red
-  target drawn last (never hidden). The image spans ``[-1.1, 1.1]`` reach radii on both axes (x to
-  the right, y up), so at 32 px a pixel is 0.069 reach radii, more than the default tolerance
-  (0.05): edges are anti-aliased (``raysim.envs.camera``), and sub-pixel moves change the image.
+  arm from above as ``raysim.envs.arm_picture`` draws it (a video's pictures are the same scene,
+  larger). The image spans ``[-1.1, 1.1]`` reach radii on both axes (x to the right, y up), so at
+  32 px a pixel is 0.069 reach radii, more than the default tolerance (0.05): edges are
+  anti-aliased (``raysim.envs.camera``), and sub-pixel moves change the image.
 - the vector groups of ``observations`` (Reach's terms), by default ``joints``: joint angles, joint
   velocities and the last action, not the target; and ``critic``: Reach's privileged critic group
   (with the goal), so the critic needs no image encoder.
@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from raysim.envs.camera import Camera, Disks, Segments
+from raysim.envs.arm_picture import arm_camera, draw_arm
 from raysim.envs.contract import Obs, take_rows
 from raysim.envs.observations import ObservationGroups
 from raysim.envs.reach import DEFAULT_OBSERVATIONS, Reach
@@ -38,13 +38,6 @@ DEFAULT_CAMERA_OBSERVATIONS = {
     "critic": copy.deepcopy(DEFAULT_OBSERVATIONS["critic"]),
 }
 IMAGE_GROUP = "camera"
-VIEW = 1.1  # the image's half width, in reach radii: a target at full reach is wholly inside
-# what is drawn, in reach radii and (red, green, blue), bottom to top
-LINK_RADIUS, LINK_COLOUR = 0.04, (150, 150, 150)
-JOINT_RADIUS, JOINT_COLOUR = 0.06, (70, 120, 255)
-EFFECTOR_RADIUS, EFFECTOR_COLOUR = 0.06, (40, 220, 70)
-TARGET_RADIUS, TARGET_COLOUR = 0.08, (240, 40, 40)
-BACKGROUND = (16, 16, 24)
 
 
 class ReachCamera(Reach):
@@ -61,7 +54,7 @@ class ReachCamera(Reach):
     def _set_arm(self, num_links: int, link_lengths: Any, joint_limits: Any) -> None:
         """Reach's arm, and the camera that fits its reach."""
         super()._set_arm(num_links, link_lengths, joint_limits)
-        self.camera = Camera(self.camera_size, VIEW * self.reach, background=BACKGROUND, device=self.device)
+        self.camera = arm_camera(self.camera_size, self.reach, self.device)
 
     def _observation_groups(self, observations: dict | None) -> ObservationGroups:
         """The vector groups (default ``DEFAULT_CAMERA_OBSERVATIONS``); the name ``camera`` is the image's."""
@@ -90,18 +83,8 @@ class ReachCamera(Reach):
 
     def render(self, rows: torch.Tensor) -> torch.Tensor:
         """The camera images [len(rows), 3, size, size] uint8 of ``rows`` (new tensors)."""
-        phi = torch.cumsum(self.joint_pos.index_select(0, rows), dim=1)
-        links = self.link_lengths.view(1, -1, 1) * torch.stack((torch.cos(phi), torch.sin(phi)), dim=2)  # [n, J, 2]
-        joints = torch.cat((torch.zeros_like(links[:, :1]), torch.cumsum(links, dim=1)), dim=1)  # base .. effector
-        goal = self.goal.index_select(0, rows).unsqueeze(1)
-        scale = self.reach
-        layers = [
-            Segments(joints[:, :-1], joints[:, 1:], LINK_RADIUS * scale, LINK_COLOUR),
-            Disks(joints[:, :-1], JOINT_RADIUS * scale, JOINT_COLOUR),
-            Disks(joints[:, -1:], EFFECTOR_RADIUS * scale, EFFECTOR_COLOUR),
-            Disks(goal, TARGET_RADIUS * scale, TARGET_COLOUR),
-        ]
-        return self.camera.render(layers, rows.numel())
+        joint_pos, goal = self.joint_pos.index_select(0, rows), self.goal.index_select(0, rows)
+        return draw_arm(self.camera, joint_pos, self.link_lengths, goal, self.reach)
 
 
 def parse_camera(camera: dict | None) -> int:

@@ -35,6 +35,7 @@ from raysim.rollout.endings import (
     GroupEpisodes,
 )
 from raysim.rollout.inference import inference
+from raysim.rollout.recording import Part, RecordedEval
 from raysim.seeding import derive_seed
 
 ON_NONFINITE = ("raise", "mask")
@@ -85,6 +86,7 @@ class EnvShard:
         self.group_rounds = 0  # GRPO rounds played (part of the group reset seeds)
         self.fresh = True  # the rows start fresh episodes: the next chunk says so (``RolloutChunk.fresh``)
         self._acting: tuple | None = None  # (MLPInference of the actor, probs and noise buffers), per row count
+        self._recording: RecordedEval | None = None  # the evaluation ``record`` films, part by part
 
     def spaces(self) -> tuple[dict, Any, int | None]:
         """The env's observation spaces (per group), action space and episode step limit."""
@@ -126,6 +128,22 @@ class EnvShard:
         ending = EvalEnding(self, plan)
         self.act(ending)
         return ending.results, ending.excluded, self.env.defines_success
+
+    def record(self, weights: dict | None, plan: EvalEpisodes | None, steps: int | None, size: int | None) -> Part:
+        """The next part of a filmed evaluation (``raysim.rollout.recording``): a ``plan`` starts one with
+        ``weights`` (None continues it, with the weights it started with: they are sent once) and the part plays
+        up to ``steps`` steps (None: to the end) with each row's picture ``size`` pixels wide (None: no pictures)
+        before each step; its ``result`` is ``evaluate``'s once the evaluation ended."""
+        if weights is not None:
+            self.set_weights(weights)
+        if plan is not None:
+            self._recording = RecordedEval(self, plan)
+        recording = self._recording
+        if recording is None:
+            raise RuntimeError("record: no evaluation is being filmed; start one with a plan")
+        recording.next_part(steps, size)
+        played = 0 if recording.ended else self.act(recording)[0]
+        return recording.take_part(played)
 
     def get_state(self) -> dict[str, Any]:
         """The shard's state for a checkpoint: env state (None if the env cannot save it), RNG, counters; an
