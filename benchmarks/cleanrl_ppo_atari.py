@@ -131,6 +131,9 @@ def gray(env: gym.Env) -> gym.Env:
 
 def make_env(env_id: str = ENV_ID):
     def thunk():
+        import ale_py
+
+        gym.register_envs(ale_py)  # the ALE ids (Gymnasium 1.x no longer finds them by itself)
         env = gym.make(env_id)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = NoopResetEnv(env, noop_max=30)
@@ -147,9 +150,6 @@ def make_env(env_id: str = ENV_ID):
 
 
 def make_envs(num_envs: int, env_id: str = ENV_ID) -> gym.vector.SyncVectorEnv:
-    import ale_py
-
-    gym.register_envs(ale_py)
     # same-step autoreset: the semantics CleanRL's script was written for (gymnasium < 1.0)
     return gym.vector.SyncVectorEnv(
         [make_env(env_id) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
