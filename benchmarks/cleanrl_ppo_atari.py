@@ -18,6 +18,7 @@ collection (acting and env steps, the rollout phase) and of the update (GAE and 
 ``Collection`` times the rollout phase alone, with the initial (fixed) policy.
 
     python benchmarks/cleanrl_ppo_atari.py --total-timesteps 200000
+    python benchmarks/cleanrl_ppo_atari.py --total-timesteps 10000000 --device cuda --env-id PongNoFrameskip-v4
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ from torch import nn
 from torch.distributions.categorical import Categorical
 
 ENV_ID = "BreakoutNoFrameskip-v4"
+
+
+def sticky_actions(env_id: str) -> float:
+    """The probability that the ALE repeats the previous action: 0.25 for ALE v5 ids, 0 for the v4 ids."""
+    return 0.25 if env_id.endswith("-v5") else 0.0
 
 
 class NoopResetEnv(gym.Wrapper):
@@ -134,7 +140,7 @@ def make_env(env_id: str = ENV_ID):
         import ale_py
 
         gym.register_envs(ale_py)  # the ALE ids (Gymnasium 1.x no longer finds them by itself)
-        env = gym.make(env_id)
+        env = gym.make(env_id, frameskip=1)  # the skip is MaxAndSkipEnv's (ALE v5 ids keep sticky actions 0.25)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = NoopResetEnv(env, noop_max=30)
         env = MaxAndSkipEnv(env, skip=4)
@@ -204,19 +210,20 @@ class Storage:
     next_done: torch.Tensor
 
     @classmethod
-    def start(cls, envs: gym.vector.SyncVectorEnv, num_steps: int, seed: int) -> Storage:
+    def start(cls, envs: gym.vector.SyncVectorEnv, num_steps: int, seed: int, device: str = "cpu") -> Storage:
         num_envs, shape = envs.num_envs, envs.single_observation_space.shape
         next_obs, _ = envs.reset(seed=seed)
-        zeros = lambda: torch.zeros((num_steps, num_envs))  # noqa: E731
+        zeros = lambda: torch.zeros((num_steps, num_envs), device=device)  # noqa: E731
         return cls(
-            torch.zeros((num_steps, num_envs, *shape)), zeros(), zeros(), zeros(), zeros(), zeros(),
-            torch.Tensor(next_obs), torch.zeros(num_envs),
+            torch.zeros((num_steps, num_envs, *shape), device=device), zeros(), zeros(), zeros(), zeros(), zeros(),
+            torch.Tensor(next_obs).to(device), torch.zeros(num_envs, device=device),
         )  # fmt: skip
 
 
 def rollout(agent: Agent, envs: gym.vector.SyncVectorEnv, s: Storage, global_step: int, games: list) -> int:
     """CleanRL's rollout phase: ``num_steps`` steps of every env into ``s``; each finished game's
     ``(global_step, raw score, length)`` appended to ``games``; returns the new global step."""
+    device = s.obs.device
     for step in range(s.obs.shape[0]):
         global_step += envs.num_envs
         s.obs[step], s.dones[step] = s.next_obs, s.next_done
@@ -226,8 +233,8 @@ def rollout(agent: Agent, envs: gym.vector.SyncVectorEnv, s: Storage, global_ste
         s.actions[step], s.logprobs[step] = action, logprob
         next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
         next_done = np.logical_or(terminations, truncations)
-        s.rewards[step] = torch.tensor(reward).view(-1)
-        s.next_obs, s.next_done = torch.Tensor(next_obs), torch.Tensor(next_done)
+        s.rewards[step] = torch.tensor(reward).to(device).view(-1)
+        s.next_obs, s.next_done = torch.Tensor(next_obs).to(device), torch.Tensor(next_done).to(device)
         if "final_info" in infos:  # a game over (RecordEpisodeStatistics is innermost: the raw score)
             final = infos["final_info"]
             for i in np.flatnonzero(final.get("_episode", [])):
@@ -285,6 +292,7 @@ def train(
     seed: int = 1,
     total_timesteps: int = 10_000_000,
     threads: int | None = 1,
+    device: str = "cpu",
     env_id: str = ENV_ID,
     num_envs: int = 8,
     num_steps: int = 128,
@@ -298,19 +306,20 @@ def train(
     vf_coef: float = 0.5,
     max_grad_norm: float = 0.5,
 ) -> dict:
-    """CleanRL's training loop (``threads``: torch's threads; None leaves torch's default, as CleanRL does);
-    the finished games, training seconds, and their collection and update seconds."""
+    """CleanRL's training loop (``threads``: torch's threads, None leaves torch's default as CleanRL does;
+    ``device``: the network's, ``cuda`` as CleanRL's ``--cuda``); the finished games, training seconds,
+    and their collection and update seconds."""
     torch.manual_seed(seed)
     np.random.seed(seed)
     if threads is not None:
         torch.set_num_threads(threads)
     num_iterations = total_timesteps // (num_envs * num_steps)
     envs = make_envs(num_envs, env_id)
-    agent = Agent(envs.single_action_space.n)
+    agent = Agent(envs.single_action_space.n).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
     coefs = {"clip_coef": clip_coef, "ent_coef": ent_coef, "vf_coef": vf_coef, "max_grad_norm": max_grad_norm}
     global_step, games, collect_seconds, update_seconds = 0, [], 0.0, 0.0
-    storage = Storage.start(envs, num_steps, seed)
+    storage = Storage.start(envs, num_steps, seed, device)
     for iteration in range(1, num_iterations + 1):
         optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * lr
         start = time.perf_counter()
@@ -328,6 +337,7 @@ def train(
         "collect_seconds": collect_seconds,
         "update_seconds": update_seconds,
         "torch_threads": torch.get_num_threads(),
+        "device": device,
         "games": games,
     }
 
@@ -335,10 +345,12 @@ def train(
 class Collection:
     """The rollout phase alone, with the initial policy fixed: ``collect()`` is one rollout of every env."""
 
-    def __init__(self, seed: int = 1, threads: int | None = 1, num_envs: int = 8, num_steps: int = 128):
+    def __init__(
+        self, seed: int = 1, threads: int | None = 1, env_id: str = ENV_ID, num_envs: int = 8, num_steps: int = 128
+    ):
         torch.manual_seed(seed)
         self.threads = threads or torch.get_num_threads()
-        self.envs = make_envs(num_envs)
+        self.envs = make_envs(num_envs, env_id)
         self.agent = Agent(self.envs.single_action_space.n)
         self.storage = Storage.start(self.envs, num_steps, seed)
         self.global_step, self.games = 0, []
@@ -359,8 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--total-timesteps", type=int, default=10_000_000)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default, as CleanRL)")
+    parser.add_argument("--device", default="cpu", help="the network's device (cuda: as CleanRL's --cuda)")
+    parser.add_argument("--env-id", default=ENV_ID, help="a NoFrameskip-v4 id, or an ALE v5 id (sticky actions)")
     args = parser.parse_args(argv)
-    result = train(args.seed, args.total_timesteps, args.threads or None)
+    result = train(args.seed, args.total_timesteps, args.threads or None, args.device, args.env_id)
     last = [score for _, score, _ in result["games"][-10:]]
     summary = {k: v for k, v in result.items() if k != "games"}
     print(json.dumps({**summary, "games_finished": len(result["games"]), "last_10_game_scores": last}, indent=1))

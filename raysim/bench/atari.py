@@ -47,6 +47,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default=CONFIG, help="raysim's config: packaged name or YAML file")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--peer-threads", type=int, default=1, help="the peer's torch threads (default 1)")
+    parser.add_argument("--peer-env-id", default=None, help="the peer's env (default BreakoutNoFrameskip-v4)")
+    parser.add_argument("--peer-device", default="cpu", help="the peer's network device (cuda on a GPU machine)")
     parser.add_argument("--rounds", type=int, default=8, help="measured rounds of collection alone (default 8)")
     parser.add_argument("--warmups", type=int, default=1, help="discarded rounds of collection alone (default 1)")
     parser.add_argument("--no-training", action="store_true", help="collection alone only")
@@ -133,7 +135,7 @@ def collection_alone(config, args: argparse.Namespace, peer) -> dict[str, list[f
     collectors = {"raysim": raysim_round}
     collection = None
     if peer is not None:
-        collection = peer.Collection(args.seed, args.peer_threads)
+        collection = peer.Collection(args.seed, args.peer_threads, args.peer_env_id or peer.ENV_ID)
         collectors["peer"] = collection.collect
     rates: dict[str, list[float]] = {name: [] for name in collectors}
     try:
@@ -171,7 +173,7 @@ def train_raysim(config) -> dict:
 
 def train_peer(args: argparse.Namespace, peer) -> dict:
     """One run of the CleanRL-style peer: env steps, training seconds (collection and update), games."""
-    result = peer.train(args.seed, args.steps, args.peer_threads)
+    result = peer.train(args.seed, args.steps, args.peer_threads, args.peer_device, args.peer_env_id or peer.ENV_ID)
     scores = [score for _, score, _ in result["games"]]
     return {
         "env_steps": result["env_steps"],
@@ -224,7 +226,7 @@ def header(config, args: argparse.Namespace, peer) -> str:
     return "\n".join(
         [
             f"# Atari PPO: raysim `{config.name}` ({config.env.id}) against a CleanRL-style peer "
-            f"({peer.ENV_ID if peer else '-'}, no sticky actions)",
+            f"({peer_env(args, peer)})",
             "",
             f"Budget {args.steps:,} env steps each, seed {args.seed}; raysim: {config.shards.count} shard(s) x "
             f"{config.env.num_envs} envs x {config.algo.num_steps} steps; peer: 8 envs x 128 steps. Collection alone: "
@@ -239,9 +241,18 @@ def header(config, args: argparse.Namespace, peer) -> str:
     )
 
 
+def peer_env(args: argparse.Namespace, peer) -> str:
+    """The peer's env id and its sticky actions, as the table says them."""
+    if peer is None:
+        return "skipped"
+    env_id = args.peer_env_id or peer.ENV_ID
+    sticky = peer.sticky_actions(env_id)
+    return f"{env_id}, sticky actions {sticky:g}" if sticky else f"{env_id}, no sticky actions"
+
+
 def run(config, args: argparse.Namespace, peer) -> tuple[dict, dict, dict]:
     """Collection alone, then both trainings (the peer first); the measurements and the thread counts."""
-    threads = {"peer": str(args.peer_threads)} if peer else {}
+    threads = {"peer": f"{args.peer_threads} ({args.peer_device})"} if peer else {}
     started = start_ray(config) if config.backend == "ray" else False
     torch_threads = torch.get_num_threads()
     try:
