@@ -70,6 +70,10 @@ def test_collection_alone_prints_both_sides_env_steps_per_second_and_their_ratio
     assert row, out
     ours, theirs = (float(row.group(i).replace(",", "")) for i in (1, 2))
     assert float(row.group(3)) == pytest.approx(ours / theirs, rel=0.01)
+    cores = re.search(
+        r"^\| collection alone, cores used \(CPU / wall time\) \| ([0-9.]+) \| ([0-9.]+) \| +\|$", out, re.M
+    )
+    assert cores and min(float(cores.group(1)), float(cores.group(2))) > 0, out
     assert re.search(r"^\| torch threads \| shards and learner in this process: 1 \| 1 \(cpu\) \| \|$", out, re.M)
     assert (tmp_path / "table.md").read_text().strip() == out.strip()
     assert torch.get_num_threads() == threads

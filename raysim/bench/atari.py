@@ -9,9 +9,10 @@ steps, nothing learned): raysim's shard collecting chunks in this process with a
 (``EnvShard.rollout``, as ``raysim bench collect`` measures it, with the run's rows in one shard),
 and the peer's rollout phase with its initial policy, in alternating rounds (medians).
 
-Reported: env steps/s of collection and of training, training seconds, the training return as the
-raw game score (whole games: the mean of the last 10 finished games; a random policy scores about
-1.7 at Breakout), raysim / peer ratios, and the torch threads each used.
+Reported: env steps/s of collection (and the cores it kept busy: CPU over wall time, env threads
+included) and of training, training seconds, the training return as the raw game score (whole games:
+the mean of the last 10 finished games; a random policy scores about 1.7 at Breakout), raysim / peer
+ratios, and the torch threads each used.
 
 ``raysim bench atari`` (``--steps``, ``--peer-threads``, ``--rounds``; needs ``pip install -e ".[atari]"``
 and the source tree's ``benchmarks/`` for the peer).
@@ -112,8 +113,9 @@ def raysim_threads(config) -> str:
     return f"shard 1, learner {learner} (learner.num_cpus {config.learner.num_cpus:g})"
 
 
-def collection_alone(config, args: argparse.Namespace, peer) -> dict[str, list[float]]:
-    """Env steps/s per round of raysim's shard and of the peer's rollout phase, rounds alternating."""
+def collection_alone(config, args: argparse.Namespace, peer) -> dict[str, dict[str, list[float]]]:
+    """Per round of raysim's shard and of the peer's rollout phase, rounds alternating: env steps/s, and the
+    cores used (this process's CPU time over the wall time: env threads count, whatever their kind)."""
     from raysim.envs.registry import materialize
     from raysim.rollout import EnvShard
 
@@ -137,19 +139,21 @@ def collection_alone(config, args: argparse.Namespace, peer) -> dict[str, list[f
     if peer is not None:
         collection = peer.Collection(args.seed, args.peer_threads, args.peer_env_id or peer.ENV_ID)
         collectors["peer"] = collection.collect
-    rates: dict[str, list[float]] = {name: [] for name in collectors}
+    found: dict[str, dict[str, list[float]]] = {"rates": {}, "cores": {}}
     try:
         for rnd in range(args.warmups + args.rounds):
             names = list(collectors)[rnd % len(collectors) :] + list(collectors)[: rnd % len(collectors)]
             for name in names:
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 steps = collectors[name]()
+                wall = time.perf_counter() - start
                 if rnd >= args.warmups:
-                    rates[name].append(steps / (time.perf_counter() - start))
+                    found["rates"].setdefault(name, []).append(steps / wall)
+                    found["cores"].setdefault(name, []).append((time.process_time() - cpu) / wall)
     finally:
         if collection is not None:
             collection.close()
-    return rates
+    return found
 
 
 def train_raysim(config) -> dict:
@@ -193,9 +197,10 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}x" if ours is not None and theirs else "-"
 
 
-def table(rates: dict[str, list[float]], trained: dict[str, dict], threads: dict[str, str]) -> str:
+def table(collection: dict[str, dict[str, list[float]]], trained: dict[str, dict], threads: dict[str, str]) -> str:
     """The Markdown table: one column per side, the raysim / peer ratio in the last."""
-    median = {name: statistics.median(values) for name, values in rates.items()}
+    median = {name: statistics.median(values) for name, values in collection["rates"].items()}
+    cores = {name: statistics.median(values) for name, values in collection["cores"].items()}
     per_s = {name: r["env_steps"] / r["train_seconds"] for name, r in trained.items() if r["train_seconds"] > 0}
     ours, theirs = trained.get("raysim", {}), trained.get("peer", {})
     split = (
@@ -203,6 +208,7 @@ def table(rates: dict[str, list[float]], trained: dict[str, dict], threads: dict
     )
     body = [
         ("collection alone, env steps/s (median)", median.get("raysim"), median.get("peer"), 0, True),
+        ("collection alone, cores used (CPU / wall time)", cores.get("raysim"), cores.get("peer"), 2, False),
         ("training, env steps/s", per_s.get("raysim"), per_s.get("peer"), 0, True),
         ("training seconds", ours.get("train_seconds"), theirs.get("train_seconds"), 1, False),
         ("env steps trained", ours.get("env_steps"), theirs.get("env_steps"), 0, False),
@@ -256,8 +262,8 @@ def run(config, args: argparse.Namespace, peer) -> tuple[dict, dict, dict]:
     started = start_ray(config) if config.backend == "ray" else False
     torch_threads = torch.get_num_threads()
     try:
-        rates = collection_alone(config, args, peer)
-        print(f"[collection alone: {json.dumps(rates)}]", file=sys.stderr, flush=True)
+        collection = collection_alone(config, args, peer)
+        print(f"[collection alone: {json.dumps(collection)}]", file=sys.stderr, flush=True)
         trained = {}
         if not args.no_training:
             if peer is not None:
@@ -271,7 +277,7 @@ def run(config, args: argparse.Namespace, peer) -> tuple[dict, dict, dict]:
         torch.set_num_threads(torch_threads)
         if started:
             sys.modules["ray"].shutdown()
-    return rates, trained, threads
+    return collection, trained, threads
 
 
 def main(argv: list[str] | None = None) -> int:
