@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import platform
 import shutil
@@ -87,8 +88,10 @@ def start_ray(config) -> bool:
 
     if ray.is_initialized():
         return False
-    cpus = max(os.cpu_count() or 1, int(total(needs(config)).get("CPU", 1.0) + 0.999))
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", _system_config=SIDE_BY_SIDE)
+    cpus = max(os.cpu_count() or 1, math.ceil(total(needs(config)).get("CPU", 1.0)))
+    ray.init(
+        address="local", num_cpus=cpus, include_dashboard=False, logging_level="ERROR", _system_config=SIDE_BY_SIDE
+    )
     return True
 
 
