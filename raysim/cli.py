@@ -307,10 +307,11 @@ def add_bench(commands, common) -> None:
     bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
     bench.add_argument(
         "name",
-        choices=["collect", "solve", "scale", "mujoco", "startup", "store"],
+        choices=["collect", "solve", "scale", "mujoco", "atari", "startup", "store"],
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
         "scale: env steps/s against shards, lockstep and overlapped; startup: start-up against Ray's floor; "
         "mujoco: MuJoCo locomotion returns and wall time against CleanRL (and raysim/Reach success); "
+        "atari: Breakout collection and training env steps/s and raw game score against a CleanRL-style peer; "
         "store: object-store bytes over a 500-iteration run stay flat",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
