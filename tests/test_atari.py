@@ -140,3 +140,13 @@ def test_the_packaged_breakout_ppo_trains_and_evaluates_whole_games_in_a_tiny_lo
     assert "episode_return" in out or "return" in out
     records = [r for path in sorted((run / "eval").glob("*.parquet")) for r in pq.read_table(path).to_pylist()]
     assert len(records) == 2 and all(r["terminated"] for r in records)
+
+
+def test_pictures_for_videos_are_the_newest_frame_the_policy_sees():
+    env = make(BREAKOUT, 2, seed=0, atari={}, render_mode="rgb_array")  # what a filmed evaluation passes
+    step = env.step(torch.ones(2, dtype=torch.int64))
+    pictures = env.frames(168)
+    assert pictures.shape == (2, 168, 168, 3) and pictures.dtype == torch.uint8
+    newest = step.obs["policy"][:, -1]
+    assert torch.equal(pictures[:, ::2, ::2, 0], newest) and torch.equal(pictures[..., 0], pictures[..., 2])
+    env.close()

@@ -34,7 +34,10 @@ CASES = [
     (["--set", "model.activation=foo"], "model.activation must be one of"),
     (["--set", "model.actor_inputs=[]"], "model.actor_inputs must be a non-empty list of observation group names"),
     (["--set", "model.actor_inputs=[camera]"], "model: model.actor_inputs names group 'camera', which the env does"),
-    (["--set", "model.cnn=resnet"], "model.cnn must be one of ['auto', 'nature', 'small', 'impala', 'keypoints'], got 'resnet'"),
+    (
+        ["--set", "model.cnn=resnet"],
+        "model.cnn must be one of ['auto', 'nature', 'small', 'impala', 'keypoints'], got 'resnet'",
+    ),
     (["--set", "algo.lr_schedule=cosine"], "algo.lr_schedule must be one of ['constant', 'linear'], got 'cosine'"),
     (["--set", "env.on_nonfinite=ignore"], "env.on_nonfinite must be one of ['raise', 'mask'], got 'ignore'"),
     (["--set", "env.kwargs.max_steps=200"], "env.kwargs.max_steps: raysim/CartPole has no option 'max_steps'"),

@@ -21,6 +21,9 @@ agent steps) comes when the game is over or its frame limit cuts it (``truncated
 the policy launches the ball itself (FIRE is pressed for it only when a game starts, as in ale-py; CleanRL's
 wrapper order also presses it after each life lost in training), so training and evaluation play alike.
 
+Pictures for videos (``frames``) are what the policy sees: each row's newest 84x84 grayscale frame, enlarged
+(ale-py's vector env keeps no color screens); a ``render_mode`` option is accepted and changes nothing.
+
 Seeds: ``reset(seed)`` starts row i from seed ``seed + i``, ``reset_rows`` each row from its own (reduced
 below 2**31, ALE's range); equal seeds give equal games. The emulator's state is not saved (``get_state``
 None): a resumed run starts new games.
@@ -165,6 +168,7 @@ class AtariEnv(BatchedEnv):
         self.env_id = f"gym:{gym_id}"
         self.num_envs = check_num_envs(num_envs)
         self.preset = atari_preset(options.pop("atari", None))
+        options.pop("render_mode", None)  # a filmed evaluation asks for pictures: ``frames`` draws them here
         import_ale(self.env_id)
         settings = ale_settings(gym_id, options)
         self.vec = vector_env(settings, self.preset, self.num_envs)
@@ -233,6 +237,13 @@ class AtariEnv(BatchedEnv):
             episodes=episodes,
             episode_rows=None if episode_rows.size == done_rows.size else torch.from_numpy(episode_rows),
         )
+
+    def frames(self, size: int) -> torch.Tensor:
+        """Pictures of the rows for videos, ``[N, size, size, 3]`` uint8: what the policy sees, each row's newest
+        frame (grayscale, enlarged by repeating pixels), as ale-py's vector env gives no color screens."""
+        newest = self._obs["policy"][:, -1:].float()
+        picture = torch.nn.functional.interpolate(newest, size=(size, size), mode="nearest").to(torch.uint8)
+        return picture.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).contiguous()
 
     def close(self) -> None:
         self.vec.close()
