@@ -197,8 +197,9 @@ class GymAdapter(BatchedEnv):
 
 
 def register_namespace(gym_id: str) -> None:
-    """Import the package that registers ``gym_id``'s namespace (e.g. ``ale_py`` for ``ALE/...``) unless
-    the id is registered already; a ``MissingDependencyError`` saying what to install when it is not installed."""
+    """Import the package that registers ``gym_id`` (``ale_py`` for ``ALE/...`` ids, and for an unregistered id
+    without a namespace when ale-py is installed); a ``MissingDependencyError`` saying what to install when the
+    namespace's package is not installed."""
     namespace = gym_id.split("/")[0] if "/" in gym_id else None
     if namespace is None and gym_id not in gym.registry and _installed("ale_py"):
         namespace = "ALE"  # ale-py also registers ids without a namespace (BreakoutNoFrameskip-v4)
