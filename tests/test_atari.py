@@ -65,10 +65,26 @@ def test_a_lost_life_is_a_training_done_but_only_a_whole_game_is_an_episode_with
     last, raw = trained[-1], [float(s.reward[0]) for s in played]
     assert last.ended_rows().tolist() == [0] and bool(last.terminated[0])
     assert float(last.episodes["return"][0]) == float(played[-1].episodes["return"][0]) == sum(raw)
-    assert int(last.episodes["length"][0]) == int(played[-1].episodes["length"][0]) == len(played)
-    assert [float(s.reward[0]) for s in trained] == [float(np.sign(r)) for r in raw], "training rewards are clipped"
+    acted = [s.valid is None for s in played]  # the policy's steps (FIRE after a lost life is the env's)
+    assert int(last.episodes["length"][0]) == int(played[-1].episodes["length"][0]) == sum(acted)
+    clipped = [float(np.sign(r)) for r in raw]
+    assert [float(s.reward[0]) for s in trained] == clipped, "training rewards are clipped"
     if game.startswith("SpaceInvaders"):
         assert max(raw) > 1, "raw SpaceInvaders rewards are 5..30: evaluation is not clipped"
+
+
+def test_after_a_lost_life_fire_is_pressed_for_the_policy_in_a_step_not_trained_on():
+    for evaluation in (False, True):
+        env = make(BREAKOUT, 1, seed=0, atari={}, evaluation=evaluation)
+        env.reset(3)
+        steps = [env.step(torch.zeros(1, dtype=torch.int64)) for _ in range(400)]  # NOOP only: FIRE is the env's
+        lost = [t for t, s in enumerate(steps[:-1]) if not s.ended_rows().numel() and steps[t + 1].valid is not None]
+        assert len(lost) >= 4, "the ball was not launched after a lost life"
+        for t in lost:
+            assert steps[t + 1].valid.tolist() == [False] and float(steps[t + 1].reward[0]) == 0.0
+            assert bool(steps[t].terminated[0]) == (not evaluation)  # a training done only
+        assert any(s.ended_rows().numel() for s in steps), "a NOOP policy's game ends: every life was launched"
+        env.close()
 
 
 def test_a_training_chunk_reports_games_not_lives():
@@ -79,7 +95,10 @@ def test_a_training_chunk_reports_games_not_lives():
     assert games["return"].numel() >= 1, "no game ended in 700 random steps"
     assert int(chunk.terminated.sum()) >= 5 * games["return"].numel() > 0, "every lost life is a done"
     assert bool(chunk.terminated[games["t"], games["row"]].all())
-    assert int(games["length"].sum()) <= 700 and int(games["length"][0]) == int(games["t"][0]) + 1
+    first_t, first_row = int(games["t"][0]), int(games["row"][0])
+    fires = chunk.mask[: first_t + 1, first_row].logical_not()  # FIRE after each lost life: the env's, not trained on
+    assert int(fires.sum()) == 4 and not bool(chunk.reward[: first_t + 1, first_row][fires].any())
+    assert int(games["length"][0]) == first_t + 1 - 4  # the policy's steps of the first game
 
 
 def test_evaluation_counts_whole_games_with_raw_scores_even_where_lives_end_trajectories():

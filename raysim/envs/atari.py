@@ -17,9 +17,12 @@ Games, not lives. In training (``evaluation`` False) two options shape what the 
 
 An episode is a whole game: its report (``return``: the raw game score, all lives, unclipped; ``length``:
 agent steps) comes when the game is over or its frame limit cuts it (``truncated``: bootstrap). Evaluation
-(``evaluation`` True) plays whole games with raw rewards: no episodic life, no clipping. After a lost life
-the policy launches the ball itself (FIRE is pressed for it only when a game starts, as in ale-py; CleanRL's
-wrapper order also presses it after each life lost in training), so training and evaluation play alike.
+(``evaluation`` True) plays whole games with raw rewards: no episodic life, no clipping.
+
+``fire_reset`` presses FIRE for the policy when a game starts and on a row's next step after a lost life (as
+CleanRL's and SB3's wrapper order does; ale-py's vector env has no such option): that step's action is
+the env's, so it is reported invalid (``Step.valid`` False: not trained on, not counted in the game's
+length; its raw reward still counts in the score), in training and evaluation alike.
 
 Pictures for videos (``frames``) are what the policy sees: each row's newest 84x84 grayscale frame, enlarged
 (ale-py's vector env keeps no color screens); a ``render_mode`` option is accepted and changes nothing.
@@ -66,7 +69,9 @@ class AtariPreset:
         4, help="frames per observation, oldest first (the policy group is [k, size, size])", low=1
     )
     screen_size: int = setting(84, help="frames are resized to size x size grayscale", low=8, high=210)
-    fire_reset: bool = setting(True, help="press FIRE when a game starts (games that have it)")
+    fire_reset: bool = setting(
+        True, help="press FIRE for the policy when a game starts and after a lost life (a step not trained on)"
+    )
     episodic_life: bool = setting(
         True, help="training only: a lost life ends the trajectory (terminated), not the game (no episode report)"
     )
@@ -161,6 +166,14 @@ def vector_env(settings: dict[str, Any], preset: AtariPreset, num_envs: int) -> 
     )
 
 
+def fire_action(vec: gym.vector.VectorEnv, preset: AtariPreset) -> int:
+    """The index of FIRE in the game's action set when the preset presses it for the policy, else -1."""
+    from ale_py import Action
+
+    actions = list(vec.ale.get_action_set())
+    return actions.index(Action.FIRE) if preset.fire_reset and Action.FIRE in actions else -1
+
+
 class AtariEnv(BatchedEnv):
     """``gym:<Atari id>`` with the preset (see the module): N rows of whole games, lives as training dones."""
 
@@ -181,6 +194,8 @@ class AtariEnv(BatchedEnv):
         self.game_return = np.zeros(self.num_envs, dtype=np.float32)  # raw score of each row's running game
         self.game_length = np.zeros(self.num_envs, dtype=np.int64)
         self.lives = np.zeros(self.num_envs, dtype=np.int64)
+        self.fire_action = fire_action(self.vec, self.preset)
+        self.fire_next = np.zeros(self.num_envs, dtype=bool)
         self._obs: Obs = {}
         self.reset(seed)
 
@@ -188,6 +203,7 @@ class AtariEnv(BatchedEnv):
         first = None if seed is None else int(seed) % (SEED_RANGE - self.num_envs)
         obs, info = self.vec.reset(seed=first)
         self.game_return[:], self.game_length[:], self.lives[:] = 0.0, 0, info["lives"]
+        self.fire_next[:] = False
         self._obs = {"policy": torch.from_numpy(np.array(obs))}
         return self._obs
 
@@ -198,45 +214,58 @@ class AtariEnv(BatchedEnv):
         row_seeds = np.array([int(by_row[r]) % SEED_RANGE for r in np.flatnonzero(mask)], dtype=np.int64)
         obs, info = self.vec.reset(seed=row_seeds, options={"reset_mask": mask})
         self.game_return[mask], self.game_length[mask], self.lives[mask] = 0.0, 0, info["lives"][mask]
+        self.fire_next[mask] = False
         self._obs = {"policy": torch.from_numpy(np.array(obs))}
         return self._obs
 
     def step(self, actions: torch.Tensor) -> Step:
         check_actions(self, actions)
-        obs, raw, game_over, truncated, info = self.vec.step(actions.cpu().numpy().astype(np.int64))
+        fire = self.fire_next  # rows that lost a life last step: FIRE launches their next one (not trained on)
+        chosen = np.where(fire, self.fire_action, actions.cpu().numpy().astype(np.int64))
+        obs, raw, game_over, truncated, info = self.vec.step(chosen)
         raw = np.asarray(raw, dtype=np.float32)
         game_over, truncated = np.asarray(game_over, bool), np.asarray(truncated, bool)
         ended = game_over | truncated  # the vector env started these rows' next games in this step
         lives = np.asarray(info["lives"], dtype=np.int64)
-        life_lost = ~ended & (lives < self.lives) if self.episodic_life else np.zeros_like(ended)
+        lost = ~ended & (lives < self.lives)
         self.lives = lives
+        self.fire_next = lost & (self.fire_action >= 0)
         self.game_return += raw
-        self.game_length += 1
-        terminated = game_over | life_lost
-        done_rows, episode_rows = np.flatnonzero(terminated | truncated), np.flatnonzero(ended)
-        obs = np.array(obs)
+        self.game_length += ~fire
+        terminated = game_over | (lost & self.episodic_life)
+        done_rows = np.flatnonzero(terminated | truncated)
+        self._obs = {"policy": torch.from_numpy(np.array(obs))}
+        final_obs, episodes, episode_rows = self._finished(done_rows, ended, info)
+        reward = np.sign(raw) if self.clip_rewards else raw
+        return Step(
+            obs=self._obs,
+            reward=torch.from_numpy(reward * ~fire),
+            terminated=torch.from_numpy(terminated),
+            truncated=torch.from_numpy(truncated),
+            done_rows=torch.from_numpy(done_rows),
+            final_obs=final_obs,
+            episodes=episodes,
+            valid=torch.from_numpy(~fire) if fire.any() else None,
+            episode_rows=None if episode_rows.size == done_rows.size else torch.from_numpy(episode_rows),
+        )
+
+    def _finished(self, done_rows: np.ndarray, ended: np.ndarray, info: dict) -> tuple[Obs, dict, np.ndarray]:
+        """The done rows' final observations, the ended games' reports (their rows' bookkeeping restarted), and
+        those games' rows: a game's last frames come from the vector env; a lost life goes on from the current."""
         final_obs: Obs = {}
         episodes: dict[str, torch.Tensor] = {}
-        if done_rows.size:  # a game's last frames come from the vector env; a life goes on from the current ones
+        if done_rows.size:
+            obs = self._obs["policy"].numpy()
             final = np.where(ended[done_rows, None, None, None], info.get("final_obs", obs)[done_rows], obs[done_rows])
             final_obs = {"policy": torch.from_numpy(final)}
+        episode_rows = np.flatnonzero(ended)
         if episode_rows.size:
             episodes = {
                 "return": torch.from_numpy(self.game_return[episode_rows].copy()),
                 "length": torch.from_numpy(self.game_length[episode_rows].copy()),
             }
             self.game_return[episode_rows], self.game_length[episode_rows] = 0.0, 0
-        self._obs = {"policy": torch.from_numpy(obs)}
-        return Step(
-            obs=self._obs,
-            reward=torch.from_numpy(np.sign(raw) if self.clip_rewards else raw),
-            terminated=torch.from_numpy(terminated),
-            truncated=torch.from_numpy(truncated),
-            done_rows=torch.from_numpy(done_rows),
-            final_obs=final_obs,
-            episodes=episodes,
-            episode_rows=None if episode_rows.size == done_rows.size else torch.from_numpy(episode_rows),
-        )
+        return final_obs, episodes, episode_rows
 
     def frames(self, size: int) -> torch.Tensor:
         """Pictures of the rows for videos, ``[N, size, size, 3]`` uint8: what the policy sees, each row's newest
