@@ -152,7 +152,7 @@ def test_the_packaged_breakout_ppo_trains_and_evaluates_whole_games_in_a_tiny_lo
     run = tmp_path / "run"
     tiny = ["env.num_envs=2", "algo.num_steps=160", "algo.num_minibatches=2", "algo.update_epochs=1"]
     tiny += ["train.total_steps=640", "eval.episodes=2", "eval.num_envs=2", "eval.max_steps=3000"]
-    tiny += ["model.cnn_features=32", "model.hidden_sizes=[16]", "learner.device=cpu"]
+    tiny += ["model.cnn_features=32", "model.hidden_sizes=[16]"]
     args = [a for item in tiny for a in ("--set", item)]
     assert main(["train", "breakout_ppo", "--local", *args, "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
