@@ -4,7 +4,8 @@
 task's defaults filled in (for ``gym:`` ids, the Gymnasium env's constructor and registration
 defaults), materialized resources replaced by a hash of their content, and runtime-only keys (row
 counts, seeds, devices, non-finite handling, file locations, descriptive metadata, the Gymnasium
-adapter's ``vectorize`` and ``autoreset_mode``) left out; a frame stack (``env.frame_stack`` with
+adapter's ``vectorize`` and ``autoreset_mode``, the Atari preset's ``threads``) left out; the Atari preset
+(``kwargs.atari``) has its defaults filled in; a frame stack (``env.frame_stack`` with
 k > 1) is in it, as it changes what the policy sees (without one the identity is as before). It is
 computed the same way on save and on resume, so a run resumes from the original declaration, from
 its own ``configs/gym.yaml`` snapshot, and from a moved run directory. A checkpoint's saved
@@ -21,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from raysim.envs.atari import canonical_preset
 from raysim.envs.gym_adapter import RUNTIME_OPTIONS as ADAPTER_OPTIONS
+from raysim.envs.gym_adapter import register_namespace
 from raysim.envs.registry import factory, materialize
 
 #: EnvConfig keys that do not change what the env is.
@@ -49,6 +52,7 @@ def gym_defaults(env_id: str) -> dict[str, Any]:
     import gymnasium as gym
     from gymnasium.envs.registration import load_env_creator
 
+    register_namespace(env_id[len("gym:") :])  # ids another package registers (ale-py's) exist once it is imported
     spec = gym.spec(env_id[len("gym:") :])
     creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
     return {**signature_defaults(creator), "max_episode_steps": spec.max_episode_steps, **dict(spec.kwargs)}
@@ -70,6 +74,8 @@ def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
     env_id, options = canonical["id"], dict(canonical.get("kwargs") or {})
     if env_id.startswith("gym:"):
         options = {k: v for k, v in options.items() if k not in ADAPTER_OPTIONS}
+        if "atari" in options:  # the Atari preset: every option filled in, its runtime ones left out
+            options["atari"] = canonical_preset(options["atari"])
         options = {**_plain(gym_defaults(env_id)), **options}
     stacking = {"frame_stack": canonical["frame_stack"]} if "frame_stack" in canonical else {}
     return {"id": env_id, "kwargs": _plain(options), **stacking}

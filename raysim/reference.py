@@ -8,17 +8,23 @@ from __future__ import annotations
 
 from raysim.algos import GRPO, PPO
 from raysim.config import Config
+from raysim.envs.atari import AtariPreset
 from raysim.schema import reference
 
 HEADER = ("key", "type", "default", "allowed", "meaning")
 
 
 def sections() -> list[tuple[str, list[tuple[str, str, str, str, str]]]]:
-    """``(title, rows)``: the run's sections, then each packaged algorithm's ``algo`` section."""
+    """``(title, rows)``: the run's sections (after ``env``, the Atari preset's options), then each packaged
+    algorithm's ``algo`` section."""
     rows = reference(Config)
     titled = [("run", [r for r in rows if "." not in r[0]])]
     for section in ("env", "shards", "model", "learner", "train", "eval", "checkpoint"):
         titled.append((section, [r for r in rows if r[0].startswith(f"{section}.")]))
+        if section == "env":
+            titled.append(
+                ("env.kwargs.atari (the Atari preset of gym: Atari ids)", reference(AtariPreset, "env.kwargs.atari."))
+            )
     for algorithm in (PPO, GRPO):
         titled.append((f"algo ({algorithm.name})", reference(algorithm.Config, "algo.")))
     return titled

@@ -100,7 +100,39 @@ def test_an_atari_id_without_ale_py_says_what_to_install_not_that_the_id_is_unkn
         ray_never_starts,
         "env.id: gym:ALE/Pong-v5 needs ale_py, which is not installed",
     )
-    assert 'pip install "gymnasium[atari]"' in err and "unknown" not in err
+    assert 'pip install "raysim[atari]"' in err and "unknown" not in err
+
+
+def test_the_atari_preset_without_ale_py_names_the_atari_extra(tmp_path, capsys, monkeypatch, ray_never_starts):
+    without(monkeypatch, "ale_py")
+    run = tmp_path / "run"
+    err = refused(["train", "breakout_ppo", "--run-dir", str(run)], capsys, ray_never_starts, "env.id: gym:Breakout")
+    assert 'pip install "raysim[atari]"' in err and "ale-py" in err
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        (
+            "env.kwargs.atari.noop=3",
+            "env.kwargs.atari.noop: the Atari preset has no option 'noop'; did you mean 'noop_max'",
+        ),
+        ("env.kwargs.atari.frame_skip=0", "env.kwargs.atari.frame_skip: must be >= 1, got 0"),
+        ("env.kwargs.atari.episodic_life=1", "env.kwargs.atari.episodic_life: must be bool, got 1"),
+        ("env.kwargs.atari=[]", "env.kwargs.atari: must be a mapping of preset options"),
+        ("env.frame_stack.k=2", "env.frame_stack: the Atari preset stacks frames itself"),
+    ],
+)
+def test_a_wrong_atari_preset_option_is_one_line(setting, expected, tmp_path, capsys, ray_never_starts):
+    pytest.importorskip("ale_py")
+    extra = ["--set", "env.frame_stack.groups=[policy]"] if "frame_stack" in setting else []
+    refused(
+        ["train", "breakout_ppo", "--set", setting, *extra, "--run-dir", str(tmp_path / "run")],
+        capsys,
+        ray_never_starts,
+        expected,
+    )
 
 
 def test_a_namespace_whose_package_is_installed_is_registered_by_importing_it(monkeypatch):

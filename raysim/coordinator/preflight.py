@@ -35,6 +35,12 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         raise ConfigError(f"env.kwargs: {env_id}: {one_line(error)}") from error
     for message in messages:
         print(f"raysim: {env_id}: {message}", flush=True)
+    if "atari" in config.env.kwargs and config.env.frame_stack.k > 1:
+        env.close()
+        raise ConfigError(
+            "env.frame_stack: the Atari preset stacks frames itself (env.kwargs.atari.frame_stack); "
+            "leave env.frame_stack.k at 1"
+        )
     try:
         env = stacked(env, config.env.frame_stack)
     except ValueError as error:

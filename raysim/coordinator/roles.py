@@ -52,6 +52,7 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
         shard_index=index,
         on_nonfinite=config.env.on_nonfinite,
         frame_stack=config.env.frame_stack,
+        evaluation=evaluation,
         options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},
     )
 

@@ -19,6 +19,10 @@ Rules (the same as DESIGN.md, "The step contract"):
 - ``obs`` may be a view of the env's state: read it (or copy it) before the next ``step``.
 - ``episodes`` is a dict of columns aligned with ``done_rows``; at least ``return`` (float32)
   and ``length`` (int64), plus ``success`` (bool) where the task defines it, plus any task scalar.
+- A done is not always an episode: a row whose trajectory ends while its episode goes on (a life lost
+  in an Atari game under episodic life: ``terminated`` for the bootstrap rule, the game continues)
+  is in ``done_rows`` and ``final_obs`` but not in ``episode_rows``, the rows whose episode ended;
+  then ``episodes`` is aligned with ``episode_rows`` instead. ``episode_rows`` None: every done row.
 """
 
 from __future__ import annotations
@@ -50,6 +54,13 @@ class Step:
     #: False for rows whose transition must not be trained on (a dropped reset transition);
     #: None when every row's transition is valid.
     valid: torch.Tensor | None = None
+    #: [E] int64, the done rows whose episode ended (``episodes`` is aligned with them), ascending;
+    #: None when every done row's episode ended (the usual case).
+    episode_rows: torch.Tensor | None = None
+
+    def ended_rows(self) -> torch.Tensor:
+        """The rows whose episode ended in this step (``episodes`` is aligned with them)."""
+        return self.done_rows if self.episode_rows is None else self.episode_rows
 
     # When no row finished (K == 0), ``final_obs`` and ``episodes`` are empty dicts.
 

@@ -26,14 +26,20 @@ which a filmed evaluation sets (``with_pictures``); ``render_mode`` does not cha
 (it is left out of the env identity, as ``vectorize`` is).
 
 Ids of a namespace another package registers (``ALE/...``: ``ale_py``) are registered by importing
-it; a package that is not installed (that one, or one Gymnasium reports with ``DependencyNotInstalled``)
-is a ``MissingDependencyError`` that says what to install (raysim's extra where it has one).
+it, and so are ale-py's ids without a namespace (``BreakoutNoFrameskip-v4``); a package that is not
+installed (that one, or one Gymnasium reports with ``DependencyNotInstalled``) is a
+``MissingDependencyError`` that says what to install (raysim's extra where it has one).
+
+An Atari id with the ``atari`` option (the standard preprocessing preset) is built by
+``raysim.envs.atari`` on ale-py's own vector env instead (``make_gym`` decides).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,11 +54,20 @@ from raysim.envs.spaces import group_dtype
 
 VECTORIZE = ("sync", "async", "native")
 #: Namespaces whose ids another package registers when it is imported: namespace -> (module, what to install).
-NAMESPACE_PACKAGES = {"ALE": ("ale_py", "gymnasium[atari]")}
+NAMESPACE_PACKAGES = {"ALE": ("ale_py", "raysim[atari]")}
 #: Gymnasium extras that raysim has an extra for, of the same name (``raysim[mujoco]`` installs ``gymnasium[mujoco]``).
-RAYSIM_EXTRAS = ("mujoco",)
+RAYSIM_EXTRAS = ("mujoco", "atari")
 #: The adapter's own options: how it runs the env, not what the env is (left out of the env identity).
 RUNTIME_OPTIONS = ("vectorize", "autoreset_mode", "render_mode")
+
+
+def make_gym(gym_id: str, num_envs: int, seed: int | None, evaluation: bool, **options: Any) -> BatchedEnv:
+    """``gym:<gym_id>``: the Atari preset (``raysim.envs.atari``) when ``options`` name it, else the adapter."""
+    if "atari" in options:
+        from raysim.envs.atari import AtariEnv
+
+        return AtariEnv(gym_id, num_envs, seed=seed, evaluation=evaluation, **options)
+    return GymAdapter(gym_id, num_envs, seed=seed, **options)
 
 
 class GymAdapter(BatchedEnv):
@@ -208,10 +223,13 @@ def with_pictures(env_id: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def register_namespace(gym_id: str) -> None:
-    """Import the package that registers ``gym_id``'s namespace (e.g. ``ale_py`` for ``ALE/...``) unless
-    the id is registered already; a ``MissingDependencyError`` saying what to install when it is not installed."""
+    """Import the package that registers ``gym_id`` (``ale_py`` for ``ALE/...`` ids, and for an unregistered id
+    without a namespace when ale-py is installed); a ``MissingDependencyError`` saying what to install when the
+    namespace's package is not installed."""
     namespace = gym_id.split("/")[0] if "/" in gym_id else None
-    if gym_id in gym.registry or namespace not in NAMESPACE_PACKAGES:
+    if namespace is None and gym_id not in gym.registry and _installed("ale_py"):
+        namespace = "ALE"  # ale-py also registers ids without a namespace (BreakoutNoFrameskip-v4)
+    if namespace not in NAMESPACE_PACKAGES:
         return
     module, install = NAMESPACE_PACKAGES[namespace]
     try:
@@ -220,6 +238,13 @@ def register_namespace(gym_id: str) -> None:
         raise MissingDependencyError(
             f'gym:{gym_id} needs {module}, which is not installed: pip install "{install}"'
         ) from error
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (found, and not marked missing in ``sys.modules``)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def raysim_extra(message: str) -> str:

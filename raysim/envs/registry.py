@@ -66,16 +66,18 @@ def export_resources(env_id: str, options: dict[str, Any], directory: Path) -> d
     return hook(materialize(env_id, options), directory) if hook is not None else copy.deepcopy(options)
 
 
-def make(env_id: str, num_envs: int, seed: int | None = None, **kwargs: Any) -> BatchedEnv:
+def make(env_id: str, num_envs: int, seed: int | None = None, evaluation: bool = False, **kwargs: Any) -> BatchedEnv:
     """Build ``num_envs`` rows of ``env_id`` (``raysim/<Name>`` or ``gym:<Gymnasium id>``).
 
+    ``evaluation``: the env as evaluation plays it, without what only shapes training (the Atari preset's
+    episodic life and reward clipping, ``raysim.envs.atari``); the native tasks have none of that.
     The env works on its own deep copy of ``kwargs``: the caller's objects are never mutated.
     """
     check_num_envs(num_envs)
     if env_id.startswith("gym:"):
-        from raysim.envs.gym_adapter import GymAdapter
+        from raysim.envs.gym_adapter import make_gym
 
-        return GymAdapter(env_id[len("gym:") :], num_envs, seed=seed, **copy.deepcopy(kwargs))
+        return make_gym(env_id[len("gym:") :], num_envs, seed, evaluation, **copy.deepcopy(kwargs))
     build = factory(env_id)
     check_options(env_id, build, kwargs)
     return build(num_envs=num_envs, seed=seed, **materialize(env_id, kwargs))

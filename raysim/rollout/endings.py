@@ -199,7 +199,6 @@ class ChunkBuffer:
         final_row = torch.cat([s.done_rows for _, s in finals]) if finals else torch.empty(0, dtype=torch.int64)
         if episodes is None:
             episodes = finished_episodes(finals)
-            episodes["row"], episodes["t"] = final_row.clone(), final_t.clone()
 
         def kept(x: torch.Tensor, extra: int = 0) -> torch.Tensor:
             return x if steps == self.capacity else x[: steps + extra].clone()
@@ -224,11 +223,17 @@ class ChunkBuffer:
 
 
 def finished_episodes(finals: list[tuple[int, Step]]) -> dict[str, torch.Tensor]:
-    """The env-owned reports of the episodes that ended, concatenated (the columns every report has)."""
-    if not finals:
-        return {"length": torch.empty(0, dtype=torch.int64), "return": torch.empty(0)}
-    keys = set.intersection(*(set(s.episodes) for _, s in finals))
-    return {k: torch.cat([s.episodes[k] for _, s in finals]) for k in sorted(keys)}
+    """The env-owned reports of the episodes that ended (the columns every report has), concatenated, with the
+    ``row`` and step ``t`` of each; a done that ended no episode (``Step.episode_rows``) has none."""
+    ended = [(t, s) for t, s in finals if s.ended_rows().numel()]
+    if not ended:
+        empty = torch.empty(0, dtype=torch.int64)
+        return {"length": empty, "return": torch.empty(0), "row": empty.clone(), "t": empty.clone()}
+    keys = set.intersection(*(set(s.episodes) for _, s in ended))
+    episodes = {k: torch.cat([s.episodes[k] for _, s in ended]) for k in sorted(keys)}
+    episodes["row"] = torch.cat([s.ended_rows() for _, s in ended])
+    episodes["t"] = torch.cat([torch.full_like(s.ended_rows(), t) for t, s in ended])
+    return episodes
 
 
 class ChunkEnding(Ending):
@@ -442,7 +447,7 @@ class EvalEnding(Ending):
         self.episode_step += 1 if step.valid is None else step.valid  # an env's own reset transition is none
         playing = self.played < self.quota
         ended = torch.zeros_like(playing)
-        ended[step.done_rows] = True
+        ended[step.ended_rows()] = True  # whole episodes: a done whose episode goes on is not one
         if bad is not None:
             ended |= bad
         over = playing & ~ended & ~self.discarding & (self.episode_step >= self.plan.max_steps)
@@ -450,7 +455,7 @@ class EvalEnding(Ending):
             return
         counted = playing & ended & ~self.discarding
         columns = {k: v.tolist() for k, v in step.episodes.items()}
-        for i, r in enumerate(step.done_rows.tolist()):
+        for i, r in enumerate(step.ended_rows().tolist()):
             if counted[r]:
                 self.results.append(self._record(r, t, step, {name: values[i] for name, values in columns.items()}))
         if bad is not None:

@@ -49,6 +49,7 @@ class EnvShard:
     """One batched env of ``num_envs`` rows plus the acting policy; produces rollout chunks.
 
     ``frame_stack`` (``FrameStackConfig``): the rows' last k observations of some groups, stacked around the env.
+    ``evaluation``: the env as evaluation plays it (``raysim.envs.make``): an evaluation shard's.
     ``on_nonfinite``: ``raise`` (default) stops with the env id, row and step of a non-finite
     observation or reward; ``mask`` drops that row's transition from the chunk (``mask`` False),
     restarts the row's episode and counts it in ``chunk.nonfinite``.
@@ -64,6 +65,7 @@ class EnvShard:
         shard_index: int = 0,
         on_nonfinite: str = "raise",
         frame_stack: FrameStackConfig | dict | None = None,
+        evaluation: bool = False,
     ):
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -73,7 +75,8 @@ class EnvShard:
         self.on_nonfinite = on_nonfinite
         self.seed = seed
         with captured() as self.messages:  # said once by the driver, not once per shard (envs.messages)
-            self.env = stacked(make(env_id, num_envs, seed=seed, **dict(env_kwargs or {})), frame_stack)
+            env = make(env_id, num_envs, seed=seed, evaluation=evaluation, **dict(env_kwargs or {}))
+            self.env = stacked(env, frame_stack)
         model = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
         self.actor = Actor(self.env.observation_spaces, self.env.action_space, model)
         self.generator = torch.Generator()
@@ -295,13 +298,12 @@ class EnvShard:
         step.reward = step.reward.masked_fill(bad, 0.0)
         step.terminated = step.terminated & ~bad
         step.truncated = step.truncated & ~bad
-        keep = ~bad[step.done_rows]
+        keep, kept_episodes = ~bad[step.done_rows], ~bad[step.ended_rows()]
+        if step.episode_rows is not None:
+            step.episode_rows = step.episode_rows[kept_episodes]
         step.done_rows = step.done_rows[keep]
-        if step.done_rows.numel():
-            step.final_obs = {k: v[keep] for k, v in step.final_obs.items()}
-            step.episodes = {k: v[keep] for k, v in step.episodes.items()}
-        else:
-            step.final_obs, step.episodes = {}, {}
+        step.final_obs = {k: v[keep] for k, v in step.final_obs.items()} if step.done_rows.numel() else {}
+        step.episodes = {k: v[kept_episodes] for k, v in step.episodes.items()} if kept_episodes.any() else {}
         return bad
 
     def _raise_if_nonfinite(self, chunk: RolloutChunk, steps: int) -> None:
