@@ -3,6 +3,10 @@ games as episodes with their raw score, evaluation on whole games, the packaged 
 
 from __future__ import annotations
 
+import contextlib
+import io
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -144,21 +148,46 @@ def test_sticky_actions_come_from_the_id():
         ale_settings("Breakout-v4", {})  # a random frame skip of 2..5
 
 
-def test_the_packaged_breakout_ppo_trains_and_evaluates_whole_games_in_a_tiny_local_run(tmp_path, capsys):
-    import pyarrow.parquet as pq
-
+@pytest.fixture(scope="module")
+def breakout_run(tmp_path_factory) -> tuple[Path, str]:
+    """A tiny local run of the packaged ``breakout_ppo`` with a 2-game evaluation, and what it printed."""
     from raysim.cli import main
 
-    run = tmp_path / "run"
+    run = tmp_path_factory.mktemp("breakout") / "run"
     tiny = ["env.num_envs=2", "algo.num_steps=160", "algo.num_minibatches=2", "algo.update_epochs=1"]
     tiny += ["train.total_steps=640", "eval.episodes=2", "eval.num_envs=2", "eval.max_steps=3000"]
     tiny += ["model.cnn_features=32", "model.hidden_sizes=[16]"]
     args = [a for item in tiny for a in ("--set", item)]
-    assert main(["train", "breakout_ppo", "--local", *args, "--run-dir", str(run)]) == 0
-    out = capsys.readouterr().out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["train", "breakout_ppo", "--local", *args, "--run-dir", str(run)]) == 0
+    return run, printed.getvalue()
+
+
+def test_the_packaged_breakout_ppo_trains_and_evaluates_whole_games_in_a_tiny_local_run(breakout_run):
+    import pyarrow.parquet as pq
+
+    run, out = breakout_run
     assert "episode_return" in out or "return" in out
     records = [r for path in sorted((run / "eval").glob("*.parquet")) for r in pq.read_table(path).to_pylist()]
     assert len(records) == 2 and all(r["terminated"] for r in records)
+
+
+def test_a_video_of_an_atari_evaluation_holds_every_frame_of_its_counted_games(breakout_run, tmp_path):
+    import imageio.v3 as iio
+    import pyarrow.parquet as pq
+
+    from raysim.cli import main
+
+    run, video, records = breakout_run[0], tmp_path / "games.mp4", tmp_path / "games.parquet"
+    args = ["--local", "--episodes", "2", "--shards", "1", "--envs-per-shard", "2", "--video-size", "84"]
+    assert main(["eval", str(run), *args, "--out", str(records), "--video", str(video)]) == 0
+    games = pq.read_table(records).to_pylist()
+    frames = iio.imread(video, index=None)
+    assert len(games) == 2 and all(game["terminated"] for game in games)  # whole games, not lives
+    # a frame a step of the longest game, 2 tiles side by side; a game's length leaves out the FIRE the env
+    # presses after each of its 4 lost lives before the last (a step of the evaluation, filmed)
+    assert frames.shape == (max(game["length"] for game in games) + 4, 84, 2 * 84 + 2, 3)
 
 
 def test_pictures_for_videos_are_the_newest_frame_the_policy_sees():
