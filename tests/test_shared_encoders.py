@@ -99,6 +99,12 @@ def test_the_value_loss_alone_moves_a_shared_trunk_and_the_policy_loss_reaches_i
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
 
 
+def test_without_a_critic_shared_encoders_change_nothing():
+    alone, asked = spot_model(False, critic=False), spot_model(True, critic=False)  # GRPO's model
+    assert asked.critic is None and asked.shared_groups == []
+    assert all(torch.equal(a, b) for a, b in zip(alone.state_dict().values(), asked.state_dict().values(), strict=True))
+
+
 def ppo_loss_as_it_was(model: ActorCritic, batch: dict, config: PPOConfig) -> torch.Tensor:
     """``ppo_loss`` before ``ActorCritic.evaluate``: the actor's log-probabilities, then the critic's own forward."""
     newlogprob, entropy = model.actor.log_prob_entropy(batch["obs"], batch["actions"])
@@ -153,6 +159,7 @@ def train_shared(run_dir: Path, *overrides: str) -> raysim.Trainer:
         "model.actor_inputs=[camera, joints]",
         "model.critic_inputs=[camera, critic]",
         "model.shared_encoders=true",
+        "model.obs_norm=true",
         f"run_dir={run_dir}",
         *overrides,
     ]
@@ -171,7 +178,7 @@ def test_a_shared_trunk_trains_resumes_exports_and_refuses_a_resume_without_it_i
     assert str(refused.value).splitlines()[1:] == [
         "  model.shared_encoders: checkpoint has True, this config has False"
     ]
-    resumed = raysim.Trainer.from_run_dir(run_dir, overrides=["train.total_steps=384"])
+    resumed = raysim.Trainer.from_run_dir(run_dir, overrides=["train.total_steps=384", "eval.episodes=2"])
     resumed.train()
     _, _, after, meta_after = locate_checkpoint(run_dir)
     assert meta_after["iteration"] > meta["iteration"]
@@ -183,3 +190,16 @@ def test_a_shared_trunk_trains_resumes_exports_and_refuses_a_resume_without_it_i
     obs = {k: v for k, v in make(SPOT, 4, seed=5).reset(5).items() if k in ("camera", "joints")}
     with torch.no_grad():
         assert torch.equal(torch.jit.load(str(out))(obs), policy(obs))
+
+
+def test_a_lagging_chunk_trains_a_shared_trunk_through_decoupled_ppo():
+    model = ModelConfig(**BOTH_SEE, shared_encoders=True)
+    spot = Spot(1)
+    learner = Learner(spot.observation_spaces, spot.action_space, model, PPOConfig(max_policy_lag=1), horizon=10)
+    shard = EnvShard(SPOT, 4, seed=3, model=model)
+    chunk = shard.rollout(learner.get_weights(), 8)  # version 0
+    learner.update(chunk, log=False)
+    before = [p.detach().clone() for p in trunk(learner.model)]
+    metrics = learner.update(chunk, log=True)  # now one version behind: proximal log-probabilities, IS weights
+    assert metrics["policy_version"] == 2 and metrics["skipped_updates"] == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trunk(learner.model), strict=True))
