@@ -28,7 +28,7 @@ class Rule:
     open_low: bool = False
     open_high: bool = False
     choices: tuple | None = None
-    item_low: float | None = None  # each item of a list of numbers
+    item_low: float | None = None  # each item of a list of numbers (an empty list has none to break it)
     check: Callable[[Any], str | None] | None = None  # any other rule: a message when broken
 
     def describe(self) -> str:
@@ -61,8 +61,8 @@ class Rule:
             if self.high is not None and (value >= self.high if self.open_high else value > self.high):
                 return f"must be {'<' if self.open_high else '<='} {self.high:g}, got {value!r}"
         if self.item_low is not None and isinstance(value, list):
-            if not value or any(v < self.item_low for v in value):
-                return f"must be a non-empty list of numbers >= {self.item_low:g}, got {value!r}"
+            if any(v < self.item_low for v in value):
+                return f"must be a list of numbers >= {self.item_low:g}, got {value!r}"
         return self.check(value) if self.check is not None else None
 
 

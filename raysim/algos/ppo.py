@@ -100,7 +100,8 @@ def ratio_metrics(logratio: torch.Tensor, clip_coef: float) -> dict[str, torch.T
 
 def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch.Tensor, dict]:
     """The PPO loss of one minibatch and its metrics (tensors, still on the device)."""
-    newlogprob, entropy = model.actor.log_prob_entropy(batch["obs"], batch["actions"])
+    # one forward of each network (a CNN the critic shares with the actor, model.shared_encoders: once for both)
+    newlogprob, entropy, newvalue = model.evaluate(batch["obs"], batch["actions"])
     logratio = newlogprob - batch["logprobs"]
 
     advantages = batch["advantages"]
@@ -109,7 +110,6 @@ def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch
     objective = importance_weighted(clipped_objective(logratio, advantages, config.clip_coef), batch)
     pg_loss = -objective.mean()
 
-    newvalue = model.critic(batch["obs"])
     if config.clip_vloss:
         v_clipped = batch["values"] + (newvalue - batch["values"]).clamp(-config.clip_coef, config.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - batch["returns"]).square(), (v_clipped - batch["returns"]).square()).mean()

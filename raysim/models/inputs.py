@@ -8,6 +8,10 @@ an image group (``raysim.envs.spaces``) goes through its own CNN (``encoders[gro
 ``net`` (the MLP and its head) then reads ``[vector groups, CNN features]``. Observation
 normalization (``model.obs_norm``, submodule ``obs_norm``) applies to the vector part only.
 
+A network built with ``shared_encoders`` takes those groups' encoders as they are instead of building
+its own (``model.shared_encoders``: the critic reuses the actor's CNN, see ``raysim.models.networks``);
+``features`` takes image features already computed (``encoded``), so a shared CNN runs once for both.
+
 A network of vector groups alone has no encoders and keeps the weight names it had before named
 inputs (``obs_norm.*``, ``net.*``): its ``net`` is a plain ``mlp()``, which the fused inference path
 (``raysim.models.fused``) and the row-wise evaluation (``raysim.models.rowwise``) take (``fusable``).
@@ -16,6 +20,7 @@ inputs (``obs_norm.*``, ``net.*``): its ``net`` is a plain ``mlp()``, which the 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -42,9 +47,17 @@ def critic_groups(
 class GroupInputs(nn.Module):
     """Base of the actor and the critic: its ``inputs``, their ``encoders`` and ``obs_norm``; ``in_dim`` for ``net``."""
 
-    def __init__(self, observation_spaces: dict[str, gym.Space], inputs: list[str], key: str, config: Any) -> None:
+    def __init__(
+        self,
+        observation_spaces: dict[str, gym.Space],
+        inputs: list[str],
+        key: str,
+        config: Any,
+        shared_encoders: Mapping[str, nn.Module] | None = None,
+    ) -> None:
         """``config``: the ``ModelConfig`` (``cnn``, ``cnn_features``, ``obs_norm``, ``obs_norm_clip``); ``key``: the
-        setting that named ``inputs``, for the message when the env lacks one of them."""
+        setting that named ``inputs``, for the message when the env lacks one of them; ``shared_encoders``: another
+        network's encoders, used (not copied) for the image groups this one reads too."""
         super().__init__()
         if not inputs:
             raise ValueError(f"{key} must name at least one observation group; the env's: {sorted(observation_spaces)}")
@@ -57,8 +70,12 @@ class GroupInputs(nn.Module):
         self.inputs = list(inputs)
         self.vector_groups = [g for g in inputs if not is_image_space(observation_spaces[g])]
         self.image_groups = [g for g in inputs if is_image_space(observation_spaces[g])]
+        shared = shared_encoders or {}
         self.encoders = nn.ModuleDict(
-            {g: image_encoder(observation_spaces[g], config.cnn, config.cnn_features) for g in self.image_groups}
+            {
+                g: shared[g] if g in shared else image_encoder(observation_spaces[g], config.cnn, config.cnn_features)
+                for g in self.image_groups
+            }
         )
         vector_dim = sum(_flat_dim(observation_spaces[g]) for g in self.vector_groups)
         self.obs_norm = RunningNorm(vector_dim, config.obs_norm_clip) if config.obs_norm and vector_dim else None
@@ -82,14 +99,17 @@ class GroupInputs(nn.Module):
         parts = [obs[g].flatten(1) for g in self.vector_groups]
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
-    def features(self, obs: dict[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        """``net``'s input: the normalized vector part, then each image group's CNN features."""
-        obs = self.groups(obs)
+    def features(
+        self, obs: dict[str, torch.Tensor] | torch.Tensor, encoded: Mapping[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """``net``'s input: the normalized vector part, then each image group's CNN features (``encoded``: those
+        already computed, by an encoder this network shares)."""
+        obs, encoded = self.groups(obs), encoded or {}
         parts = []
         if self.vector_groups:
             x = self.vector_input(obs)
             parts.append(x if self.obs_norm is None else self.obs_norm(x))
-        parts += [self.encoders[g](obs[g]) for g in self.image_groups]
+        parts += [encoded[g] if g in encoded else self.encoders[g](obs[g]) for g in self.image_groups]
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 

@@ -5,6 +5,12 @@ image group, the vector groups concatenated) into an MLP, ``net``. With ``obs_no
 normalizes its vector groups by running statistics (``raysim.models.normalizer.RunningNorm``,
 submodule ``obs_norm``), updated by the learner only.
 
+With ``model.shared_encoders`` the critic uses the actor's encoder module of each image group both read
+(one set of weights, trained by the policy and the value loss: CleanRL's Atari agent, whose one Nature
+CNN feeds both heads), and ``ActorCritic.evaluate`` runs it once per minibatch for both. The state_dict
+names a shared encoder once, under ``actor.encoders.<group>`` (the shards receive it with the actor):
+its ``critic.encoders.<group>`` entries are left out when saving and taken from the actor's when loading.
+
 The shards hold only the ``Actor``; the learner holds the whole ``ActorCritic``. Both are built
 from the env's spaces and one ``ModelConfig``, so a shard's actor loads the learner's actor weights.
 
@@ -17,6 +23,7 @@ The PPO ratio is the same in ``u`` and in the transformed action, so no Jacobian
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -73,7 +80,13 @@ class ModelConfig:
         512, help="features each image group's CNN gives the MLP (keypoints: two per keypoint)", low=1
     )
 
-    hidden_sizes: list[int] = setting(factory=lambda: [64, 64], help="widths of the hidden layers", item_low=1)
+    shared_encoders: bool = setting(
+        False,
+        help="the critic uses the actor's CNN of each image group both read (one trunk, as CleanRL's Atari agent)",
+    )
+    hidden_sizes: list[int] = setting(
+        factory=lambda: [64, 64], help="widths of the hidden layers ([]: the heads read the inputs)", item_low=1
+    )
     activation: str = setting("tanh", help="between the layers", choices=tuple(ACTIVATIONS))
     action_transform: str = setting("clip", help="continuous actions into the action space", choices=("clip", "squash"))
     init_log_std: float = setting(0.0, help="initial log standard deviation of Gaussian actions")
@@ -131,12 +144,17 @@ class Actor(GroupInputs):
             if config.action_transform not in ("clip", "squash"):
                 raise ValueError(f"model.action_transform must be 'clip' or 'squash', got {config.action_transform!r}")
 
-    def forward(self, obs: dict[str, torch.Tensor] | torch.Tensor, by_row: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        obs: dict[str, torch.Tensor] | torch.Tensor,
+        by_row: bool = False,
+        encoded: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Logits (discrete) or the Gaussian mean (continuous); ``by_row``: the MLP computes each row bitwise the
         same in any batch (``raysim.models.rowwise``; evaluation). CNN features are computed the normal, batched
         way (a convolution row-wise would cost many times more): with image inputs a row's action may differ in
-        its last bits with the batch it is computed in."""
-        x = self.features(obs)
+        its last bits with the batch it is computed in. ``encoded``: image features already computed."""
+        x = self.features(obs, encoded)
         return rowwise(self.net, x) if by_row else self.net(x)
 
     def sample(
@@ -172,10 +190,14 @@ class Actor(GroupInputs):
         return out.argmax(-1) if self.discrete else out
 
     def log_prob_entropy(
-        self, obs: dict[str, torch.Tensor] | torch.Tensor, actions: torch.Tensor
+        self,
+        obs: dict[str, torch.Tensor] | torch.Tensor,
+        actions: torch.Tensor,
+        encoded: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probability of ``actions`` and the distribution's entropy, per row (for the loss)."""
-        out = self(obs)
+        """Log-probability of ``actions`` and the distribution's entropy, per row (for the loss); ``encoded``: image
+        features already computed."""
+        out = self(obs, encoded=encoded)
         if self.discrete:
             log_probs = out.log_softmax(-1)
             logp = log_probs.gather(1, actions.long().unsqueeze(1)).squeeze(1)
@@ -227,23 +249,61 @@ def sample_categorical(
 class Critic(GroupInputs):
     """The value function on the groups ``model.critic_inputs`` (the actor's when the env has no ``critic`` group)."""
 
-    def __init__(self, observation_spaces: dict[str, gym.Space], config: ModelConfig):
+    def __init__(
+        self,
+        observation_spaces: dict[str, gym.Space],
+        config: ModelConfig,
+        shared_encoders: Mapping[str, nn.Module] | None = None,
+    ):
+        """``shared_encoders``: the actor's, used for the image groups the critic reads too."""
         inputs = critic_groups(observation_spaces, config.critic_inputs, config.actor_inputs)
-        super().__init__(observation_spaces, inputs, "model.critic_inputs", config)
+        super().__init__(observation_spaces, inputs, "model.critic_inputs", config, shared_encoders)
         self.net = mlp(self.in_dim, config.hidden_sizes, 1, config.activation, 1.0)
 
-    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Values [B] of a batch of observation groups."""
-        return self.net(self.features(obs)).squeeze(-1)
+    def forward(self, obs: dict[str, torch.Tensor], encoded: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Values [B] of a batch of observation groups; ``encoded``: image features already computed."""
+        return self.net(self.features(obs, encoded)).squeeze(-1)
 
 
 class ActorCritic(nn.Module):
-    """The learner's model: ``actor`` (shipped to the shards) and an optional ``critic``."""
+    """The learner's model: ``actor`` (shipped to the shards) and an optional ``critic``; ``shared_groups``: the image
+    groups whose encoder the critic shares with the actor (``model.shared_encoders``)."""
 
     def __init__(self, observation_spaces: dict[str, gym.Space], action_space: gym.Space, config: ModelConfig):
         super().__init__()
         self.actor = Actor(observation_spaces, action_space, config)
-        self.critic = Critic(observation_spaces, config) if config.critic else None
+        shared = self.actor.encoders if config.shared_encoders else None
+        self.critic = Critic(observation_spaces, config, shared) if config.critic else None
+        self.shared_groups = [g for g in self.critic.image_groups if g in shared] if self.critic and shared else []
+        if self.shared_groups:
+            self.register_state_dict_post_hook(_name_shared_once)
+            self.register_load_state_dict_pre_hook(_load_shared_from_actor)
+
+    def evaluate(
+        self, obs: dict[str, torch.Tensor], actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logp, entropy, value)`` per row, for the loss: a CNN the critic shares with the actor runs once."""
+        encoded = {g: self.actor.encoders[g](obs[g]) for g in self.shared_groups}
+        logp, entropy = self.actor.log_prob_entropy(obs, actions, encoded)
+        return logp, entropy, self.critic(obs, encoded)
+
+    def shared_prefixes(self, prefix: str) -> list[tuple[str, str]]:
+        """``(critic's, actor's)`` state_dict prefix of each shared encoder, under the model's ``prefix``."""
+        return [(f"{prefix}critic.encoders.{g}.", f"{prefix}actor.encoders.{g}.") for g in self.shared_groups]
+
+
+def _name_shared_once(model: ActorCritic, state: dict[str, torch.Tensor], prefix: str, *_: object) -> None:
+    """A state_dict hook: a shared encoder's weights under the actor's names only (the critic's are the same)."""
+    for critic, _actor in model.shared_prefixes(prefix):
+        for key in [k for k in state if k.startswith(critic)]:
+            del state[key]
+
+
+def _load_shared_from_actor(model: ActorCritic, state: dict[str, torch.Tensor], prefix: str, *_: object) -> None:
+    """A load_state_dict pre-hook: the critic's entries of a shared encoder are the actor's."""
+    for critic, actor in model.shared_prefixes(prefix):
+        for key in [k for k in state if k.startswith(actor)]:
+            state.setdefault(critic + key[len(actor) :], state[key])
 
 
 def actor_state(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
