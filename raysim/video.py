@@ -109,6 +109,7 @@ class VideoWriter:
                 (width, height),
                 fps=self.fps,
                 macro_block_size=1,
+                ffmpeg_log_level="error",  # not the palette generator's notices among raysim's lines
                 **FORMATS[self.path.suffix.lower()],
             )
             self._encoder.send(None)
