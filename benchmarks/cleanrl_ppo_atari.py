@@ -15,7 +15,8 @@ here (``--threads``; CleanRL's script leaves torch's default, a thread per core)
 
 Reported: every finished game's raw score, training seconds, and within them the seconds of
 collection (acting and env steps, the rollout phase) and of the update (GAE and the epochs).
-``Collection`` times the rollout phase alone, with the initial (fixed) policy.
+``Collection`` times the rollout phase alone, with the initial (fixed) policy; ``envpool=True``
+steps CleanRL ``ppo_atari_envpool.py``'s envs instead (``make_envpool``: EnvPool's C++ Atari, same agent).
 
     python benchmarks/cleanrl_ppo_atari.py --total-timesteps 200000
     python benchmarks/cleanrl_ppo_atari.py --total-timesteps 10000000 --device cuda --env-id PongNoFrameskip-v4
@@ -35,6 +36,8 @@ from torch import nn
 from torch.distributions.categorical import Categorical
 
 ENV_ID = "BreakoutNoFrameskip-v4"
+ENVPOOL_ID = "Breakout-v5"  # EnvPool's v5 ids: no sticky actions unless repeat_action_probability says so
+ENVPOOL_THREADS = 1  # EnvPool's own C++ pool: one thread stepping the rows (the acting is torch's, one thread)
 
 
 def sticky_actions(env_id: str) -> float:
@@ -162,6 +165,19 @@ def make_envs(num_envs: int, env_id: str = ENV_ID) -> gym.vector.SyncVectorEnv:
     )
 
 
+def make_envpool(num_envs: int = 8, seed: int = 1, env_id: str = ENVPOOL_ID, threads: int = ENVPOOL_THREADS):
+    """CleanRL ``ppo_atari_envpool.py``'s envs: EnvPool's C++ Atari with the same preprocessing built in
+    (up to 30 no-ops, frame skip 4 with max pooling, episodic life, fire reset, reward clipping, 84x84
+    gray by ``INTER_AREA``, 4 frames; no sticky actions), its rows stepped by a pool of ``threads`` C++
+    threads, not pinned to cores. Its seeds are fixed here: EnvPool ignores ``reset(seed=...)``."""
+    import envpool
+
+    return envpool.make(  # num_envs, single_action_space, single_observation_space: EnvPool 1.x has them
+        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True,
+        repeat_action_probability=0.0, noop_max=30, num_threads=threads, thread_affinity_offset=-1,
+    )  # fmt: skip
+
+
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -210,7 +226,7 @@ class Storage:
     next_done: torch.Tensor
 
     @classmethod
-    def start(cls, envs: gym.vector.SyncVectorEnv, num_steps: int, seed: int, device: str = "cpu") -> Storage:
+    def start(cls, envs: gym.vector.SyncVectorEnv, num_steps: int, seed: int | None, device: str = "cpu") -> Storage:
         num_envs, shape = envs.num_envs, envs.single_observation_space.shape
         next_obs, _ = envs.reset(seed=seed)
         zeros = lambda: torch.zeros((num_steps, num_envs), device=device)  # noqa: E731
@@ -343,16 +359,25 @@ def train(
 
 
 class Collection:
-    """The rollout phase alone, with the initial policy fixed: ``collect()`` is one rollout of every env."""
+    """The rollout phase alone, with the initial policy fixed: ``collect()`` is one rollout of every env.
+
+    ``envpool``: CleanRL ``ppo_atari_envpool.py``'s envs (``make_envpool``, ``env_id`` an EnvPool id such as
+    ``ENVPOOL_ID``) stepped by the same agent and loop; its games are not reported (no final_info)."""
 
     def __init__(
-        self, seed: int = 1, threads: int | None = 1, env_id: str = ENV_ID, num_envs: int = 8, num_steps: int = 128
+        self,
+        seed: int = 1,
+        threads: int | None = 1,
+        env_id: str = ENV_ID,
+        num_envs: int = 8,
+        num_steps: int = 128,
+        envpool: bool = False,
     ):
         torch.manual_seed(seed)
         self.threads = threads or torch.get_num_threads()
-        self.envs = make_envs(num_envs, env_id)
+        self.envs = make_envpool(num_envs, seed, env_id) if envpool else make_envs(num_envs, env_id)
         self.agent = Agent(self.envs.single_action_space.n)
-        self.storage = Storage.start(self.envs, num_steps, seed)
+        self.storage = Storage.start(self.envs, num_steps, None if envpool else seed)  # EnvPool's: at make
         self.global_step, self.games = 0, []
         self.steps_per_collect = num_envs * num_steps
 

@@ -1,6 +1,7 @@
 """The Atari peer (``benchmarks/cleanrl_ppo_atari.py``) and ``raysim bench atari``: tiny budgets, no timing."""
 
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -79,6 +80,48 @@ def test_collection_alone_prints_both_sides_env_steps_per_second_and_their_ratio
     assert torch.get_num_threads() == threads
 
 
+TINY = ["--config", "reach_camera_ppo", "--override", "backend=local", "--no-training", "--rounds", "1",
+        "--warmups", "0", "--round-steps", "4"]  # fmt: skip
+
+
+def envpool_rows(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("| EnvPool")]
+
+
+def test_collection_alone_prints_an_envpool_row_and_the_env_alone_rows_with_their_ratios(tmp_path, capsys):
+    pytest.importorskip("envpool")
+    assert cli(["bench", "atari", *TINY, "--out", str(tmp_path)]) == 0
+
+    out = capsys.readouterr().out
+    number = r"([0-9][0-9,]*)"
+    for name in (
+        r"EnvPool collection alone \(CleanRL's ppo_atari_envpool\.py env, the peer's agent\), env steps/s \(median\)",
+        r"env alone \(random actions\), env steps/s \(median\)",
+        r"EnvPool env alone \(random actions\), env steps/s \(median\)",
+    ):
+        row = re.search(rf"^\| {name} \| {number} \| {number} \| ([0-9.]+)x \|$", out, re.M)
+        assert row, (name, out)
+        ours, theirs = (float(row.group(i).replace(",", "")) for i in (1, 2))
+        assert float(row.group(3)) == pytest.approx(ours / theirs, rel=0.01)
+    cores = re.search(r"^\| EnvPool collection alone, cores used \(CPU / wall time\) \| ([0-9.]+) \| ([0-9.]+) \| +\|$",
+                      out, re.M)  # fmt: skip
+    assert cores and min(float(cores.group(1)), float(cores.group(2))) > 0, out
+    assert "| EnvPool threads | | torch 1, EnvPool's pool num_threads=1 (thread_affinity_offset=-1) | |" in out
+    assert len(envpool_rows(out)) == 4
+
+
+def test_without_envpool_its_row_says_not_installed_and_nothing_fails(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "envpool", None)  # import envpool fails; find_spec says None
+    assert cli(["bench", "atari", *TINY, "--out", str(tmp_path)]) == 0
+
+    out = capsys.readouterr().out
+    assert envpool_rows(out) == [
+        "| EnvPool (CleanRL's ppo_atari_envpool.py env) | | not installed (pip install envpool) | |"
+    ]
+    assert re.search(r"^\| env alone \(random actions\), env steps/s \(median\) \| [0-9,]+ \| [0-9,]+ \| [0-9.]+x \|$",
+                     out, re.M)  # fmt: skip
+
+
 def test_raysim_bench_atari_help_lists_its_options(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli(["bench", "atari", "--help"])
@@ -86,7 +129,7 @@ def test_raysim_bench_atari_help_lists_its_options(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: raysim bench atari")
-    for option in ("--steps", "--peer-threads", "--rounds", "--config"):
+    for option in ("--steps", "--peer-threads", "--rounds", "--round-steps", "--config"):
         assert option in out
 
 

@@ -7,15 +7,20 @@ minibatches, lr 2.5e-4 annealed, clip 0.1, entropy 0.01, the Nature CNN) for the
 ``benchmarks/cleanrl_ppo_atari.py`` in this process. Before that, collection alone (acting and env
 steps, nothing learned): raysim's shard collecting chunks in this process with a fixed policy
 (``EnvShard.rollout``, as ``raysim bench collect`` measures it, with the run's rows in one shard),
-and the peer's rollout phase with its initial policy, in alternating rounds (medians).
+and the peer's rollout phase with its initial policy, in alternating rounds (medians); where ``envpool``
+is installed, a third side: CleanRL ``ppo_atari_envpool.py``'s env (EnvPool's C++ Atari, ``Breakout-v5``
+without sticky actions, its pool on one thread) acted on by the peer's agent. Then the envs alone, with
+random actions (raysim's env as its shard builds it, the peer's wrapped envs, EnvPool's), in alternating
+rounds too: where the time goes, env or acting. EnvPool was measured and is not a raysim backend (README).
 
 Reported: env steps/s of collection (and the cores it kept busy: CPU over wall time, env threads
 included) and of training, training seconds, the training return as the raw game score (whole games:
 the mean of the last 10 finished games; a random policy scores about 1.7 at Breakout), raysim / peer
-ratios, and the torch threads each used.
+ratios, and the threads each used.
 
-``raysim bench atari`` (``--steps``, ``--peer-threads``, ``--rounds``; needs ``pip install -e ".[atari]"``
-and the source tree's ``benchmarks/`` for the peer).
+``raysim bench atari`` (``--steps``, ``--peer-threads``, ``--rounds``, ``--round-steps``; needs
+``pip install -e ".[atari]"`` and the source tree's ``benchmarks/`` for the peer; EnvPool's rows: ``pip install
+envpool``).
 """
 
 from __future__ import annotations
@@ -39,8 +44,10 @@ from raysim.bench.peers import MISSING, peer_module
 CONFIG = "breakout_ppo"
 RANDOM_SCORE = 1.7  # Breakout, a uniformly random policy's raw game score (about)
 LAST_GAMES = 10
+ENVPOOL = "EnvPool"
 #: Ray starts its workers with niceness 15; side by side with the in-process peer, all run at 0.
 SIDE_BY_SIDE = {"worker_niceness": 0}
+Found = dict[str, dict[str, list[float]]]  # "rates" and "cores": per side, one value per measured round
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -53,14 +60,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peer-device", default="cpu", help="the peer's network device (cuda on a GPU machine)")
     parser.add_argument("--rounds", type=int, default=8, help="measured rounds of collection alone (default 8)")
     parser.add_argument("--warmups", type=int, default=1, help="discarded rounds of collection alone (default 1)")
+    parser.add_argument(
+        "--round-steps",
+        type=int,
+        default=None,
+        help="steps of each row per round (default: the config's algo.num_steps)",
+    )
     parser.add_argument("--no-training", action="store_true", help="collection alone only")
     parser.add_argument("--out", type=Path, default=Path("bench-results/atari"), help="results folder")
     parser.add_argument(
         "--override", action="append", default=[], help="raysim config override (key=value), repeatable"
     )
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.rounds < 1 or args.warmups < 0 or args.peer_threads < 1:
-        parser.error("--steps, --rounds and --peer-threads must be >= 1 and --warmups >= 0")
+    if min(args.steps, args.rounds, args.peer_threads, args.round_steps or 1) < 1 or args.warmups < 0:
+        parser.error("--steps, --rounds, --round-steps and --peer-threads must be >= 1 and --warmups >= 0")
     return args
 
 
@@ -116,13 +129,48 @@ def raysim_threads(config) -> str:
     return f"shard 1, learner {learner} (learner.num_cpus {config.learner.num_cpus:g})"
 
 
-def collection_alone(config, args: argparse.Namespace, peer) -> dict[str, dict[str, list[float]]]:
-    """Per round of raysim's shard and of the peer's rollout phase, rounds alternating: env steps/s, and the
-    cores used (this process's CPU time over the wall time: env threads count, whatever their kind)."""
+def envpool_installed() -> bool:
+    """Whether EnvPool's row can be measured (``pip install envpool``; not a raysim dependency)."""
+    return importlib.util.find_spec("envpool") is not None
+
+
+def round_steps(config, args: argparse.Namespace) -> int:
+    return args.round_steps or config.algo.num_steps
+
+
+def alternate(steppers: dict, args: argparse.Namespace) -> Found:
+    """Per measured round of each stepper, in rounds that alternate their order: env steps/s, and the cores
+    used (this process's CPU time over the wall time: env threads count, whatever their kind)."""
+    found: dict[str, dict[str, list[float]]] = {"rates": {}, "cores": {}}
+    for rnd in range(args.warmups + args.rounds):
+        names = list(steppers)[rnd % len(steppers) :] + list(steppers)[: rnd % len(steppers)]
+        for name in names:
+            start, cpu = time.perf_counter(), time.process_time()
+            steps = steppers[name]()
+            wall = time.perf_counter() - start
+            if rnd >= args.warmups:
+                found["rates"].setdefault(name, []).append(steps / wall)
+                found["cores"].setdefault(name, []).append((time.process_time() - cpu) / wall)
+    return found
+
+
+def raysim_env(config):
+    """raysim's env as its shard builds it (``EnvShard``): the run's rows in one."""
+    from raysim.envs import make, stacked
+    from raysim.envs.registry import materialize
+
+    rows = config.env.num_envs * config.shards.count
+    env = make(config.env.id, rows, seed=config.seed, **materialize(config.env.id, config.env.kwargs))
+    return stacked(env, config.env.frame_stack)
+
+
+def collection_alone(config, args: argparse.Namespace, peer) -> Found:
+    """Acting and env steps: raysim's shard, the peer's rollout phase and, where installed, the peer's agent on
+    EnvPool's env (``envpool``), in alternating rounds (``alternate``)."""
     from raysim.envs.registry import materialize
     from raysim.rollout import EnvShard
 
-    rows = config.env.num_envs * config.shards.count
+    rows, steps = config.env.num_envs * config.shards.count, round_steps(config, args)
     shard = EnvShard(
         config.env.id,
         rows,
@@ -135,28 +183,73 @@ def collection_alone(config, args: argparse.Namespace, peer) -> dict[str, dict[s
 
     def raysim_round() -> int:
         torch.set_num_threads(1)  # the shard's own setting (EnvShard), in its process
-        return shard.rollout(weights, config.algo.num_steps).mask.numel()
+        return shard.rollout(weights, steps).mask.numel()
 
-    collectors = {"raysim": raysim_round}
-    collection = None
-    if peer is not None:
-        collection = peer.Collection(args.seed, args.peer_threads, args.peer_env_id or peer.ENV_ID)
-        collectors["peer"] = collection.collect
-    found: dict[str, dict[str, list[float]]] = {"rates": {}, "cores": {}}
+    collectors, collections = {"raysim": raysim_round}, []
     try:
-        for rnd in range(args.warmups + args.rounds):
-            names = list(collectors)[rnd % len(collectors) :] + list(collectors)[: rnd % len(collectors)]
-            for name in names:
-                start, cpu = time.perf_counter(), time.process_time()
-                steps = collectors[name]()
-                wall = time.perf_counter() - start
-                if rnd >= args.warmups:
-                    found["rates"].setdefault(name, []).append(steps / wall)
-                    found["cores"].setdefault(name, []).append((time.process_time() - cpu) / wall)
+        if peer is not None:
+            collections.append(peer.Collection(args.seed, args.peer_threads, peer_env_id(args, peer), num_steps=steps))
+            collectors["peer"] = collections[-1].collect
+        if peer is not None and envpool_installed():
+            pool = peer.Collection(args.seed, args.peer_threads, peer.ENVPOOL_ID, num_steps=steps, envpool=True)
+            collections.append(pool)
+            collectors["envpool"] = pool.collect
+        return alternate(collectors, args)
     finally:
-        if collection is not None:
+        for collection in collections:
             collection.close()
-    return found
+
+
+def env_alone(config, args: argparse.Namespace, peer) -> Found:
+    """The envs alone, random actions (a seeded stream per side): raysim's env, the peer's wrapped envs and
+    EnvPool's, ``round_steps`` steps of every row per round, in alternating rounds (``alternate``)."""
+    import numpy as np
+
+    steps = round_steps(config, args)
+    env = raysim_env(config)
+    env.reset(config.seed)
+    space = env.action_space
+    space.seed(args.seed)
+
+    def raysim_round() -> int:
+        for _ in range(steps):
+            env.step(torch.as_tensor(np.stack([space.sample() for _ in range(env.num_envs)])))
+        return steps * env.num_envs
+
+    steppers, vectors = {"raysim": raysim_round}, []
+    if peer is not None:
+        vectors.append(("peer", peer.make_envs(8, peer_env_id(args, peer)), args.seed))
+    if peer is not None and envpool_installed():
+        vectors.append(("envpool", peer.make_envpool(8, args.seed), None))  # seeded at make: EnvPool's way
+    for name, envs, reset_seed in vectors:
+        steppers[name] = vector_round(envs, steps, args.seed, reset_seed)
+    try:
+        return alternate(steppers, args)
+    finally:
+        env.close()
+        for _, envs, _ in vectors:
+            envs.close()
+
+
+def vector_round(envs, steps: int, seed: int, reset_seed: int | None):
+    """One round of a Gymnasium-style vector env (the peer's, EnvPool's) stepped with random actions, the
+    row actions sampled one by one as raysim's are; returns its env steps."""
+    import numpy as np
+
+    envs.reset() if reset_seed is None else envs.reset(seed=reset_seed)
+    space = envs.single_action_space
+    space.seed(seed)
+
+    def round_() -> int:
+        for _ in range(steps):
+            envs.step(np.stack([space.sample() for _ in range(envs.num_envs)]))
+        return steps * envs.num_envs
+
+    return round_
+
+
+def peer_env_id(args: argparse.Namespace, peer) -> str:
+    return args.peer_env_id or peer.ENV_ID
 
 
 def train_raysim(config) -> dict:
@@ -180,7 +273,7 @@ def train_raysim(config) -> dict:
 
 def train_peer(args: argparse.Namespace, peer) -> dict:
     """One run of the CleanRL-style peer: env steps, training seconds (collection and update), games."""
-    result = peer.train(args.seed, args.steps, args.peer_threads, args.peer_device, args.peer_env_id or peer.ENV_ID)
+    result = peer.train(args.seed, args.steps, args.peer_threads, args.peer_device, peer_env_id(args, peer))
     scores = [score for _, score, _ in result["games"]]
     return {
         "env_steps": result["env_steps"],
@@ -200,10 +293,14 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}x" if ours is not None and theirs else "-"
 
 
-def table(collection: dict[str, dict[str, list[float]]], trained: dict[str, dict], threads: dict[str, str]) -> str:
-    """The Markdown table: one column per side, the raysim / peer ratio in the last."""
-    median = {name: statistics.median(values) for name, values in collection["rates"].items()}
-    cores = {name: statistics.median(values) for name, values in collection["cores"].items()}
+def medians(found: Found, key: str) -> dict[str, float]:
+    return {name: statistics.median(values) for name, values in found[key].items()}
+
+
+def table(collection: Found, trained: dict[str, dict], threads: dict[str, str], alone: Found) -> str:
+    """The Markdown table: one column per side, the raysim / peer ratio in the last; EnvPool's rows at the end
+    (its env with the peer's agent in the peer's column, the ratio raysim / EnvPool)."""
+    median, cores, env_median = medians(collection, "rates"), medians(collection, "cores"), medians(alone, "rates")
     per_s = {name: r["env_steps"] / r["train_seconds"] for name, r in trained.items() if r["train_seconds"] > 0}
     ours, theirs = trained.get("raysim", {}), trained.get("peer", {})
     split = (
@@ -212,6 +309,7 @@ def table(collection: dict[str, dict[str, list[float]]], trained: dict[str, dict
     body = [
         ("collection alone, env steps/s (median)", median.get("raysim"), median.get("peer"), 0, True),
         ("collection alone, cores used (CPU / wall time)", cores.get("raysim"), cores.get("peer"), 2, False),
+        ("env alone (random actions), env steps/s (median)", env_median.get("raysim"), env_median.get("peer"), 0, True),
         ("training, env steps/s", per_s.get("raysim"), per_s.get("peer"), 0, True),
         ("training seconds", ours.get("train_seconds"), theirs.get("train_seconds"), 1, False),
         ("env steps trained", ours.get("env_steps"), theirs.get("env_steps"), 0, False),
@@ -224,7 +322,25 @@ def table(collection: dict[str, dict[str, list[float]]], trained: dict[str, dict
         lines.append(f"| {name} | {_number(a, digits)} | {_number(b, digits)} | {_ratio(a, b) if ratio else ''} |")
     lines.append(f"| peer's collection / update seconds | (overlapped) | {split} | |")
     lines.append(f"| torch threads | {threads.get('raysim', '-')} | {threads.get('peer', '-')} | |")
-    return "\n".join(lines)
+    return "\n".join(lines + envpool_rows(median, cores, env_median, threads))
+
+
+def envpool_rows(median: dict, cores: dict, env_median: dict, threads: dict[str, str]) -> list[str]:
+    """EnvPool's rows where it was measured; one line saying it is not installed where the peer was but it was not."""
+    if "envpool" not in median:
+        missing = f"| {ENVPOOL} (CleanRL's ppo_atari_envpool.py env) | | not installed (pip install envpool) | |"
+        return [missing] if "peer" in median else []
+    rows = [
+        (f"{ENVPOOL} collection alone (CleanRL's ppo_atari_envpool.py env, the peer's agent), env steps/s (median)",
+         median, 0, True),
+        (f"{ENVPOOL} collection alone, cores used (CPU / wall time)", cores, 2, False),
+        (f"{ENVPOOL} env alone (random actions), env steps/s (median)", env_median, 0, True),
+    ]  # fmt: skip
+    lines = []
+    for name, values, digits, ratio in rows:
+        a, b = values.get("raysim"), values.get("envpool")
+        lines.append(f"| {name} | {_number(a, digits)} | {_number(b, digits)} | {_ratio(a, b) if ratio else ''} |")
+    return [*lines, f"| {ENVPOOL} threads | | {threads['envpool']} | |"]
 
 
 def header(config, args: argparse.Namespace, peer) -> str:
@@ -239,7 +355,8 @@ def header(config, args: argparse.Namespace, peer) -> str:
             "",
             f"Budget {args.steps:,} env steps each, seed {args.seed}; raysim: {config.shards.count} shard(s) x "
             f"{config.env.num_envs} envs x {config.algo.num_steps} steps; peer: 8 envs x 128 steps. Collection alone: "
-            f"{rows} rows, {args.warmups} warm-up and {args.rounds} measured rounds alternating. "
+            f"{rows} rows (peer and EnvPool: 8) x {round_steps(config, args)} steps a round, {args.warmups} warm-up "
+            f"and {args.rounds} measured rounds alternating; then the envs alone, random actions, likewise. "
             f"A random policy scores about {RANDOM_SCORE} per Breakout game.",
             "",
             f"torch {torch.__version__}, gymnasium {gymnasium.__version__}; Python {platform.python_version()}, "
@@ -254,19 +371,25 @@ def peer_env(args: argparse.Namespace, peer) -> str:
     """The peer's env id and its sticky actions, as the table says them."""
     if peer is None:
         return "skipped"
-    env_id = args.peer_env_id or peer.ENV_ID
+    env_id = peer_env_id(args, peer)
     sticky = peer.sticky_actions(env_id)
     return f"{env_id}, sticky actions {sticky:g}" if sticky else f"{env_id}, no sticky actions"
 
 
-def run(config, args: argparse.Namespace, peer) -> tuple[dict, dict, dict]:
-    """Collection alone, then both trainings (the peer first); the measurements and the thread counts."""
+def run(config, args: argparse.Namespace, peer) -> tuple[Found, dict, dict, Found]:
+    """Collection alone, the envs alone, then both trainings (the peer first); the measurements and the threads."""
     threads = {"peer": f"{args.peer_threads} ({args.peer_device})"} if peer else {}
+    if peer is not None:
+        threads["envpool"] = (
+            f"torch {args.peer_threads}, EnvPool's pool num_threads={peer.ENVPOOL_THREADS} (thread_affinity_offset=-1)"
+        )
     started = start_ray(config) if config.backend == "ray" else False
     torch_threads = torch.get_num_threads()
     try:
         collection = collection_alone(config, args, peer)
         print(f"[collection alone: {json.dumps(collection)}]", file=sys.stderr, flush=True)
+        alone = env_alone(config, args, peer)
+        print(f"[env alone: {json.dumps(alone)}]", file=sys.stderr, flush=True)
         trained = {}
         if not args.no_training:
             if peer is not None:
@@ -280,7 +403,7 @@ def run(config, args: argparse.Namespace, peer) -> tuple[dict, dict, dict]:
         torch.set_num_threads(torch_threads)
         if started:
             sys.modules["ray"].shutdown()
-    return collection, trained, threads
+    return collection, trained, threads, alone
 
 
 def main(argv: list[str] | None = None) -> int:
