@@ -141,7 +141,7 @@ def round_steps(config, args: argparse.Namespace) -> int:
 def alternate(steppers: dict, args: argparse.Namespace) -> Found:
     """Per measured round of each stepper, in rounds that alternate their order: env steps/s, and the cores
     used (this process's CPU time over the wall time: env threads count, whatever their kind)."""
-    found: dict[str, dict[str, list[float]]] = {"rates": {}, "cores": {}}
+    found: Found = {"rates": {}, "cores": {}}
     for rnd in range(args.warmups + args.rounds):
         names = list(steppers)[rnd % len(steppers) :] + list(steppers)[: rnd % len(steppers)]
         for name in names:
@@ -217,13 +217,13 @@ def env_alone(config, args: argparse.Namespace, peer) -> Found:
         return steps * env.num_envs
 
     steppers, vectors = {"raysim": raysim_round}, []
-    if peer is not None:
-        vectors.append(("peer", peer.make_envs(8, peer_env_id(args, peer)), args.seed))
-    if peer is not None and envpool_installed():
-        vectors.append(("envpool", peer.make_envpool(8, args.seed), None))  # seeded at make: EnvPool's way
-    for name, envs, reset_seed in vectors:
-        steppers[name] = vector_round(envs, steps, args.seed, reset_seed)
     try:
+        if peer is not None:
+            vectors.append(("peer", peer.make_envs(8, peer_env_id(args, peer)), args.seed))
+        if peer is not None and envpool_installed():
+            vectors.append(("envpool", peer.make_envpool(8, args.seed), None))  # seeded at make: EnvPool's way
+        for name, envs, reset_seed in vectors:
+            steppers[name] = vector_round(envs, steps, args.seed, reset_seed)
         return alternate(steppers, args)
     finally:
         env.close()
@@ -232,8 +232,8 @@ def env_alone(config, args: argparse.Namespace, peer) -> Found:
 
 
 def vector_round(envs, steps: int, seed: int, reset_seed: int | None):
-    """One round of a Gymnasium-style vector env (the peer's, EnvPool's) stepped with random actions, the
-    row actions sampled one by one as raysim's are; returns its env steps."""
+    """A Gymnasium-style vector env's round (the peer's, EnvPool's), the env reset now: each call steps every
+    row ``steps`` times with random actions, sampled row by row as raysim's are, and returns the env steps."""
     import numpy as np
 
     envs.reset() if reset_seed is None else envs.reset(seed=reset_seed)
