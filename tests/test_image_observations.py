@@ -19,6 +19,7 @@ from raysim.models import ActorCritic, ModelConfig
 from raysim.rollout import EnvShard
 from raysim.rollout.inference import inference
 from tests.support import multi_input  # noqa: F401  (registers RaysimTest/Spot-v0)
+from tests.support.multi_input import tiny_spot_run
 
 SPOT = "tests.support.multi_input:Spot"
 INPUTS = {"actor_inputs": ["camera", "joints"], "critic_inputs": ["critic"]}
@@ -152,21 +153,7 @@ def test_the_default_model_keeps_todays_weight_names():
 
 def train_spot(root: Path, *overrides: str) -> Path:
     """A tiny PPO run on the Spot env (camera and joints for the actor, a privileged critic), in-process."""
-    settings = [
-        "backend=local",
-        f"env.id={SPOT}",
-        "env.num_envs=8",
-        "algo.num_steps=16",
-        "algo.update_epochs=2",
-        "train.total_steps=256",
-        "eval.episodes=0",
-        "model.hidden_sizes=[32]",
-        "model.actor_inputs=[camera, joints]",
-        "model.critic_inputs=[critic]",
-        "model.obs_norm=true",
-        f"run_dir={root / 'run'}",
-        *overrides,
-    ]
+    settings = tiny_spot_run(root / "run", "model.hidden_sizes=[32]", "model.critic_inputs=[critic]", *overrides)
     return Path(raysim.Trainer(raysim.load_config(None, settings)).train().run_dir)
 
 

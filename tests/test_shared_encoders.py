@@ -18,7 +18,7 @@ from raysim.envs import make
 from raysim.learner import Learner
 from raysim.models import ActorCritic, ModelConfig
 from raysim.rollout import EnvShard
-from tests.support.multi_input import Spot
+from tests.support.multi_input import Spot, tiny_spot_run
 
 SPOT = "tests.support.multi_input:Spot"
 BOTH_SEE = {"actor_inputs": ["camera", "joints"], "critic_inputs": ["camera", "critic"], "hidden_sizes": [16]}
@@ -146,23 +146,8 @@ def test_the_heads_read_the_features_directly_with_no_hidden_layers():
 
 
 def train_shared(run_dir: Path, *overrides: str) -> raysim.Trainer:
-    settings = [
-        "backend=local",
-        f"env.id={SPOT}",
-        "env.num_envs=8",
-        "algo.num_steps=16",
-        "algo.update_epochs=2",
-        "train.total_steps=256",
-        "eval.episodes=0",
-        "model.hidden_sizes=[]",
-        "model.cnn_features=32",
-        "model.actor_inputs=[camera, joints]",
-        "model.critic_inputs=[camera, critic]",
-        "model.shared_encoders=true",
-        "model.obs_norm=true",
-        f"run_dir={run_dir}",
-        *overrides,
-    ]
+    shared = ["model.hidden_sizes=[]", "model.cnn_features=32", "model.critic_inputs=[camera, critic]"]
+    settings = tiny_spot_run(run_dir, *shared, "model.shared_encoders=true", *overrides)
     return raysim.Trainer(raysim.load_config(None, settings))
 
 

@@ -92,3 +92,21 @@ class GymSpot(gym.Env):
 
 
 gym.register("RaysimTest/Spot-v0", entry_point=GymSpot, max_episode_steps=8)
+
+
+def tiny_spot_run(run_dir, *overrides: str) -> list[str]:
+    """The overrides of a tiny in-process PPO run on ``Spot`` (camera and joints for the actor, obs_norm on), then
+    ``overrides`` (later ones win)."""
+    return [
+        "backend=local",
+        "env.id=tests.support.multi_input:Spot",
+        "env.num_envs=8",
+        "algo.num_steps=16",
+        "algo.update_epochs=2",
+        "train.total_steps=256",
+        "eval.episodes=0",
+        "model.actor_inputs=[camera, joints]",
+        "model.obs_norm=true",
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
