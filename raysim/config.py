@@ -267,6 +267,17 @@ def check_config(config: Config, where: str = "config") -> None:
         raise ConfigError(f"{where}: {error}") from error
     per_row, minibatches = algorithm.collection(config.algo).steps_per_row, config.algo.num_minibatches
     rows = config.shards.count // ranks * config.env.num_envs
+    if config.model.recurrent != "none":
+        if not algorithm.trains_recurrent:
+            raise ConfigError(
+                f"{where}: algo {config.algo.name!r} does not train recurrent policies (model.recurrent: "
+                f"{config.model.recurrent}); use algo.name: ppo, or model.recurrent: none"
+            )
+        if rows % minibatches:
+            raise ConfigError(
+                f"{where}: with model.recurrent a minibatch is whole rows: a learner rank's {rows} rows "
+                f"(shards.count / learner.ranks x env.num_envs) must divide into algo.num_minibatches ({minibatches})"
+            )
     if per_row is not None and rows * per_row < minibatches:
         raise ConfigError(
             f"{where}: algo.num_minibatches ({minibatches}) is more than a learner rank's batch of {rows * per_row} "

@@ -35,11 +35,14 @@ class Algorithm:
     name: ClassVar[str]
     Config: ClassVar[type]  # the dataclass of its ``algo`` config section
     uses_critic: ClassVar[bool] = True  # False: the learner builds no critic by default and runs no value inference
+    trains_recurrent: ClassVar[bool] = False  # True: it trains a recurrent model (model.recurrent) on sequences
     loss_terms: ClassVar[tuple[str, ...]]  # the metrics whose non-finiteness the optimizer step's guard names
 
     def __init__(self, config: Any, model: ActorCritic, ranks: Collectives):
         if self.uses_critic and model.critic is None:
             raise ValueError(f"algo {self.name!r} needs a critic, but model.critic is false")
+        if model.actor.core is not None and not self.trains_recurrent:
+            raise ValueError(f"algo {self.name!r} does not train recurrent policies: set model.recurrent: none")
         self.config, self.model, self.ranks = config, model, ranks
         self.version = 0  # the policy version of the model's weights: the learner sets it before each update
 

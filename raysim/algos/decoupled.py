@@ -31,9 +31,13 @@ def decouple(parts: list[Batch], chunks: list[RolloutChunk], version: int, actor
 
 
 def proximal(part: Batch, actor: Actor, max_is_weight: float) -> Batch:
-    """The ``logprobs`` of the learner's policy now (``actor``) and ``is_weights``: now over acting, truncated."""
+    """The ``logprobs`` of the learner's policy now (``actor``) and ``is_weights``: now over acting, truncated. A
+    recurrent actor's from replaying the part's sequences with these weights (the padding steps keep theirs)."""
+    sequences = part.get("sequences")
     with inference(actor):
-        logprobs, _ = actor.log_prob_entropy(part["obs"], part["actions"])
+        logprobs, _ = actor.log_prob_entropy(part["obs"], part["actions"], sequences=sequences)
+    if sequences is not None:
+        logprobs = part["logprobs"].masked_scatter(sequences["mask"], logprobs)
     is_weights = torch.exp(logprobs - part["logprobs"]).clamp(max=max_is_weight)
     return {"logprobs": logprobs, "is_weights": is_weights}
 

@@ -11,7 +11,9 @@ from raysim.algos.collectives import Collectives
 from raysim.algos.guard import GuardedStep
 from raysim.rollout import RolloutChunk
 
-Batch = dict[str, Any]  # tensors [B, ...] (observations: a dict of groups), one row per valid transition
+# tensors [B, ...] (observations: a dict of groups), one row per valid transition; or, for a recurrent model, one row
+# per env row: its whole sequence [B, T, ...] (``sequences``)
+Batch = dict[str, Any]
 
 
 def run_epochs(
@@ -93,9 +95,43 @@ def concat(parts: list[Batch]) -> Batch:
 def transitions(chunk: RolloutChunk) -> Batch:
     """The valid transitions of a chunk: ``obs`` (every group), ``actions``, ``logprobs``; copies (the boolean
     mask copies), so the learner's batch is its own, never a read-only view of the object store."""
-    valid = chunk.mask
     return {
-        "obs": {k: v[:-1][valid] for k, v in chunk.obs.items()},
-        "actions": chunk.actions[valid],
-        "logprobs": chunk.logp[valid],
+        "obs": {k: transition_steps(chunk, v[:-1]) for k, v in chunk.obs.items()},
+        "actions": transition_steps(chunk, chunk.actions),
+        "logprobs": transition_steps(chunk, chunk.logp),
     }
+
+
+def transition_steps(chunk: RolloutChunk, value: torch.Tensor) -> torch.Tensor:
+    """A per-step tensor [T, N, ...] of the chunk as ``transitions`` lays it out: its valid steps, flat."""
+    return value[chunk.mask]
+
+
+def sequences(chunk: RolloutChunk) -> Batch:
+    """A recurrent model's batch of a chunk: every row's whole sequence, row-major ([N, T, ...], copies), the
+    masked steps kept as padding for the replay; ``sequences`` holds each row's ``state0`` [N, S], ``starts`` and
+    ``mask`` [N, T] (``Actor.replay``). Minibatches are sets of rows (CleanRL's ``ppo_atari_lstm.py``)."""
+    return {
+        "obs": {k: sequence_steps(chunk, v[:-1]) for k, v in chunk.obs.items()},
+        "actions": sequence_steps(chunk, chunk.actions),
+        "logprobs": sequence_steps(chunk, chunk.logp),
+        "sequences": {
+            "state0": chunk.state0.clone(),
+            "starts": sequence_steps(chunk, chunk.starts[:-1]),
+            "mask": sequence_steps(chunk, chunk.mask),
+        },
+    }
+
+
+def sequence_steps(chunk: RolloutChunk, value: torch.Tensor) -> torch.Tensor:
+    """A per-step tensor [T, N, ...] of the chunk as ``sequences`` lays it out: [N, T, ...], a copy."""
+    return value.transpose(0, 1).clone(memory_format=torch.contiguous_format)
+
+
+def valid_steps(batch: Batch) -> Batch:
+    """A sequence batch's per-step tensors at its valid steps, flat, row by row (the order of ``ActorCritic.evaluate``'s
+    results for it); a batch of transitions as it is."""
+    if "sequences" not in batch:
+        return batch
+    valid = batch["sequences"]["mask"]
+    return {k: v[valid] for k, v in batch.items() if isinstance(v, torch.Tensor)}

@@ -20,12 +20,20 @@ import torch
 
 from raysim.algos.base import Algorithm, Collectives
 from raysim.algos.decoupled import decouple, importance_weighted
-from raysim.algos.epochs import Batch, concat, transitions
+from raysim.algos.epochs import (
+    Batch,
+    concat,
+    sequence_steps,
+    sequences,
+    transition_steps,
+    transitions,
+    valid_steps,
+)
 from raysim.algos.guard import GuardedStep
 from raysim.algos.reward_scale import RewardScale
 from raysim.models import ActorCritic
 from raysim.rollout import FixedSteps, RolloutChunk
-from raysim.rollout.advantages import chunk_values, gae
+from raysim.rollout.advantages import chunk_values, gae, sequence_values
 from raysim.schema import setting
 
 
@@ -100,8 +108,10 @@ def ratio_metrics(logratio: torch.Tensor, clip_coef: float) -> dict[str, torch.T
 
 def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch.Tensor, dict]:
     """The PPO loss of one minibatch and its metrics (tensors, still on the device)."""
-    # one forward of each network (a CNN the critic shares with the actor, model.shared_encoders: once for both)
-    newlogprob, entropy, newvalue = model.evaluate(batch["obs"], batch["actions"])
+    # one forward of each network (a CNN the critic shares with the actor, model.shared_encoders: once for both;
+    # a recurrent core replays the minibatch's sequences once for both, model.recurrent)
+    newlogprob, entropy, newvalue = model.evaluate(batch["obs"], batch["actions"], batch.get("sequences"))
+    batch = valid_steps(batch)  # a recurrent model's: the steps of its sequences that are not padding, flat
     logratio = newlogprob - batch["logprobs"]
 
     advantages = batch["advantages"]
@@ -132,6 +142,7 @@ class PPO(Algorithm):
 
     name = "ppo"
     Config = PPOConfig
+    trains_recurrent = True
     loss_terms = ("pg_loss", "v_loss", "entropy")
 
     def __init__(self, config: PPOConfig, model: ActorCritic, ranks: Collectives):
@@ -150,15 +161,25 @@ class PPO(Algorithm):
         return super().update(chunks, step, generator)
 
     def batch(self, chunks: list[RolloutChunk]) -> Batch:
-        """Values, GAE advantages and returns (advantages + values) of every valid transition."""
+        """Values, GAE advantages and returns (advantages + values) of every valid transition; for a recurrent
+        model, of every row's sequence (values from replaying it: ``sequence_values``)."""
+        recurrent = self.model.actor.core is not None
         parts = []
         for chunk in chunks:
-            part, valid = transitions(chunk), chunk.mask
-            values, next_values = chunk_values(self.model.critic, chunk)
+            if recurrent:
+                part, steps = sequences(chunk), sequence_steps
+                values, next_values = sequence_values(self.model, chunk)
+            else:
+                part, steps = transitions(chunk), transition_steps
+                values, next_values = chunk_values(self.model.critic, chunk)
             done = chunk.terminated | chunk.truncated
             reward = chunk.reward if self.reward_scale is None else self.reward_scale.scale(chunk.reward)
-            advantages = gae(reward, values, next_values, done, valid, self.config.gamma, self.config.gae_lambda)
-            part.update(returns=(advantages + values)[valid], values=values[valid], advantages=advantages[valid])
+            advantages = gae(reward, values, next_values, done, chunk.mask, self.config.gamma, self.config.gae_lambda)
+            part.update(
+                returns=steps(chunk, advantages + values),
+                values=steps(chunk, values),
+                advantages=steps(chunk, advantages),
+            )
             parts.append(part)
         decouple(parts, chunks, self.version, self.model.actor, self.config.max_is_weight)  # max_policy_lag > 0
         return concat(parts)

@@ -8,6 +8,10 @@ side (track, cart, pole; ``raysim.envs.camera``), for videos.
 Option ``initial_states``: a fixed table of initial states (a task resource) that resets draw
 rows from, declared as ``{generate: K, seed: S}`` (materialized once, deterministically), as
 ``{file: table.npy}``, or given as an array [K, 4].
+
+Option ``velocities: false``: the observation is (x, theta) alone, the standard partially observed test of
+memory (RLlib's stateless CartPole, SB3-contrib's ``CartPoleNoVel-v1``): a policy must infer the velocities
+from what it saw before (``model.recurrent``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ X_THRESHOLD = 2.4
 
 
 class CartPole(TorchEnv):
-    """``raysim/CartPole``: observation group ``policy`` = (x, x_dot, theta, theta_dot)."""
+    """``raysim/CartPole``: observation group ``policy`` = (x, x_dot, theta, theta_dot), or (x, theta) with
+    ``velocities=False``."""
 
     env_id = "raysim/CartPole"
     defines_success = False
@@ -49,11 +54,15 @@ class CartPole(TorchEnv):
         max_episode_steps: int = 500,
         device: str = "cpu",
         initial_states: Any = None,
+        velocities: bool = True,
     ):
         super().__init__(num_envs, seed, max_episode_steps, device)
         table = self.materialize({"initial_states": initial_states})["initial_states"]
         self.initial_states = None if table is None else torch.as_tensor(table, dtype=torch.float32, device=self.device)
-        high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
+        if not isinstance(velocities, bool):
+            raise ValueError(f"raysim/CartPole: velocities must be true or false, got {velocities!r}")
+        self.observed = [0, 1, 2, 3] if velocities else [0, 2]  # the state's columns the policy sees
+        high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)[self.observed]
         self.observation_spaces = {"policy": gym.spaces.Box(-high, high, dtype=np.float32)}
         self.action_space = gym.spaces.Discrete(2)
         self.state = torch.zeros(self.num_envs, 4, device=self.device)
@@ -165,4 +174,4 @@ class CartPole(TorchEnv):
         return self._buffers
 
     def _observe(self) -> Obs:
-        return {"policy": self.state}
+        return {"policy": self.state if len(self.observed) == 4 else self.state[:, self.observed]}

@@ -15,6 +15,7 @@ from raysim.models.networks import (
     to_action_space,
 )
 from raysim.models.normalizer import RunningNorm
+from raysim.models.recurrent import RecurrentCore, RowMemory
 
 __all__ = [
     "Actor",
@@ -22,6 +23,8 @@ __all__ = [
     "Critic",
     "MLPInference",
     "ModelConfig",
+    "RecurrentCore",
+    "RowMemory",
     "RunningNorm",
     "actor_state",
     "sample_categorical",

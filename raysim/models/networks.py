@@ -33,6 +33,7 @@ from torch import nn
 
 from raysim.models.encoders import CNNS
 from raysim.models.inputs import GroupInputs, critic_groups
+from raysim.models.recurrent import RECURRENT, RecurrentCore, RowMemory
 from raysim.models.rowwise import rowwise
 from raysim.schema import setting
 from raysim.seeding import keyed_normal, keyed_uniform
@@ -84,6 +85,12 @@ class ModelConfig:
         False,
         help="the critic uses the actor's CNN of each image group both read (one trunk, as CleanRL's Atari agent)",
     )
+    recurrent: str = setting(
+        "none",
+        help="an LSTM or GRU between the actor's features and its MLP; the critic reads it too",
+        choices=RECURRENT,
+    )
+    recurrent_size: int = setting(64, help="units of the recurrent core (model.recurrent)", low=1)
     hidden_sizes: list[int] = setting(
         factory=lambda: [64, 64], help="widths of the hidden layers ([]: the heads read the inputs)", item_low=1
     )
@@ -131,7 +138,10 @@ class Actor(GroupInputs):
         if not self.discrete and not isinstance(action_space, gym.spaces.Box):
             raise ValueError(f"action space {action_space} is not supported (Discrete or Box)")
         out_dim = int(action_space.n) if self.discrete else _flat_dim(action_space)
-        self.net = mlp(self.in_dim, config.hidden_sizes, out_dim, config.activation, 0.01)
+        recurrent = config.recurrent != "none"
+        self.core = RecurrentCore(config.recurrent, self.in_dim, config.recurrent_size) if recurrent else None
+        net_in = self.core.size if self.core is not None else self.in_dim
+        self.net = mlp(net_in, config.hidden_sizes, out_dim, config.activation, 0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
             low = torch.tensor(np.asarray(action_space.low, dtype=np.float32)).reshape(-1)  # a copy: the
@@ -144,18 +154,44 @@ class Actor(GroupInputs):
             if config.action_transform not in ("clip", "squash"):
                 raise ValueError(f"model.action_transform must be 'clip' or 'squash', got {config.action_transform!r}")
 
+    @property
+    def fusable(self) -> bool:
+        """Vector groups into a plain MLP, no recurrent core: the fused inference path applies."""
+        return super().fusable and self.core is None
+
     def forward(
         self,
         obs: dict[str, torch.Tensor] | torch.Tensor,
         by_row: bool = False,
         encoded: Mapping[str, torch.Tensor] | None = None,
+        memory: RowMemory | None = None,
     ) -> torch.Tensor:
-        """Logits (discrete) or the Gaussian mean (continuous); ``by_row``: the MLP computes each row bitwise the
-        same in any batch (``raysim.models.rowwise``; evaluation). CNN features are computed the normal, batched
-        way (a convolution row-wise would cost many times more): with image inputs a row's action may differ in
-        its last bits with the batch it is computed in. ``encoded``: image features already computed."""
+        """Logits (discrete) or the Gaussian mean (continuous); ``by_row``: the MLP (and recurrent core) computes
+        each row bitwise the same in any batch (``raysim.models.rowwise``; evaluation). CNN features are computed
+        the normal, batched way (a convolution row-wise would cost many times more): with image inputs a row's
+        action may differ in its last bits with the batch it is computed in. ``encoded``: image features already
+        computed. ``memory``: the rows' recurrent state (a recurrent actor's), moved on by this step."""
         x = self.features(obs, encoded)
+        if self.core is not None:
+            if memory is None:
+                raise ValueError("a recurrent actor (model.recurrent) acts on rows with a state: pass their RowMemory")
+            x = memory.advance(self.core, x, by_row)
         return rowwise(self.net, x) if by_row else self.net(x)
+
+    def replay(
+        self,
+        obs: dict[str, torch.Tensor] | torch.Tensor,
+        sequences: dict[str, torch.Tensor],
+        encoded: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The recurrent core's output [rows, T, size] along sequences of observations [rows, T, ...] (row-major),
+        from ``sequences``' ``state0`` [rows, S], zeroed where ``starts`` [rows, T]; ``encoded``: image features
+        already computed, flat [rows x T, ...]."""
+        rows, steps = sequences["starts"].shape
+        flat = {g: v.flatten(0, 1) for g, v in self.groups(obs).items()}
+        x = self.features(flat, encoded).view(rows, steps, -1).transpose(0, 1)
+        out, _ = self.core.replay(x, sequences["state0"], sequences["starts"].t())
+        return out.transpose(0, 1)
 
     def sample(
         self,
@@ -163,14 +199,16 @@ class Actor(GroupInputs):
         generator: torch.Generator | None = None,
         keys: tuple[torch.Tensor, torch.Tensor] | None = None,
         by_row: bool = False,
+        memory: RowMemory | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A sampled action and its log-probability, without building distribution objects.
 
         ``keys``: ``(key [B], counter [B])`` int64; the draws are then the counter-based noise of
         ``raysim.seeding`` (row ``i``'s depend on its key and counter alone), not the generator's;
         with ``by_row`` too, a row's action and log-probability do not depend on the batch at all.
+        ``memory``: as in ``forward``.
         """
-        out = self(obs, by_row)
+        out = self(obs, by_row, memory=memory)
         if self.discrete:
             log_probs = out.log_softmax(-1)
             uniform = None if keys is None else keyed_uniform(*keys, out.shape[-1])
@@ -184,9 +222,12 @@ class Actor(GroupInputs):
         logp = -0.5 * noise.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
         return action, logp
 
-    def deterministic(self, obs: dict[str, torch.Tensor] | torch.Tensor, by_row: bool = False) -> torch.Tensor:
-        """The mode: argmax for discrete actions, the mean for continuous ones (``by_row``: as in ``forward``)."""
-        out = self(obs, by_row)
+    def deterministic(
+        self, obs: dict[str, torch.Tensor] | torch.Tensor, by_row: bool = False, memory: RowMemory | None = None
+    ) -> torch.Tensor:
+        """The mode: argmax for discrete actions, the mean for continuous ones (``by_row``, ``memory``: as in
+        ``forward``)."""
+        out = self(obs, by_row, memory=memory)
         return out.argmax(-1) if self.discrete else out
 
     def log_prob_entropy(
@@ -194,10 +235,18 @@ class Actor(GroupInputs):
         obs: dict[str, torch.Tensor] | torch.Tensor,
         actions: torch.Tensor,
         encoded: Mapping[str, torch.Tensor] | None = None,
+        sequences: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of ``actions`` and the distribution's entropy, per row (for the loss); ``encoded``: image
-        features already computed."""
-        out = self(obs, encoded=encoded)
+        features already computed. ``sequences`` (a recurrent actor's): ``obs`` and ``actions`` are sequences
+        [rows, T, ...] replayed (``replay``), and the results are at their valid steps (``mask``), flat, row by row."""
+        if sequences is None:
+            return self.distribution(self(obs, encoded=encoded), actions)
+        valid = sequences["mask"]
+        return self.distribution(self.net(self.replay(obs, sequences, encoded)[valid]), actions[valid])
+
+    def distribution(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability of ``actions`` and the entropy under the network's output ``out`` (logits or the mean)."""
         if self.discrete:
             log_probs = out.log_softmax(-1)
             logp = log_probs.gather(1, actions.long().unsqueeze(1)).squeeze(1)
@@ -258,11 +307,28 @@ class Critic(GroupInputs):
         """``shared_encoders``: the actor's, used for the image groups the critic reads too."""
         inputs = critic_groups(observation_spaces, config.critic_inputs, config.actor_inputs)
         super().__init__(observation_spaces, inputs, "model.critic_inputs", config, shared_encoders)
-        self.net = mlp(self.in_dim, config.hidden_sizes, 1, config.activation, 1.0)
+        self.memory_size = int(config.recurrent_size) if config.recurrent != "none" else 0
+        self.net = mlp(self.memory_size + self.in_dim, config.hidden_sizes, 1, config.activation, 1.0)
 
-    def forward(self, obs: dict[str, torch.Tensor], encoded: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Values [B] of a batch of observation groups; ``encoded``: image features already computed."""
-        return self.net(self.features(obs, encoded)).squeeze(-1)
+    @property
+    def fusable(self) -> bool:
+        """Vector groups into a plain MLP, no recurrent core's output: the fused inference path applies."""
+        return super().fusable and not self.memory_size
+
+    def forward(
+        self,
+        obs: dict[str, torch.Tensor],
+        encoded: Mapping[str, torch.Tensor] | None = None,
+        memory: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Values [B] of a batch of observation groups; ``encoded``: image features already computed; ``memory``:
+        the actor's recurrent core's output for the same rows [B, size] (``model.recurrent``), read first."""
+        x = self.features(obs, encoded)
+        if self.memory_size:
+            if memory is None:
+                raise ValueError("with model.recurrent the critic reads the recurrent core's output: pass memory")
+            x = torch.cat([memory, x], 1)
+        return self.net(x).squeeze(-1)
 
 
 class ActorCritic(nn.Module):
@@ -280,12 +346,27 @@ class ActorCritic(nn.Module):
             self.register_load_state_dict_pre_hook(_load_shared_from_actor)
 
     def evaluate(
-        self, obs: dict[str, torch.Tensor], actions: torch.Tensor
+        self, obs: dict[str, torch.Tensor], actions: torch.Tensor, sequences: dict[str, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(logp, entropy, value)`` per row, for the loss: a CNN the critic shares with the actor runs once."""
-        encoded = {g: self.actor.encoders[g](obs[g]) for g in self.shared_groups}
-        logp, entropy = self.actor.log_prob_entropy(obs, actions, encoded)
-        return logp, entropy, self.critic(obs, encoded)
+        """``(logp, entropy, value)`` per row, for the loss: a CNN the critic shares with the actor runs once.
+
+        ``sequences`` (``model.recurrent``): ``obs`` and ``actions`` are sequences [rows, T, ...]; the actor's core
+        replays them once for both heads, and the results are at the valid steps, flat, row by row.
+        """
+        if sequences is None:
+            encoded = {g: self.actor.encoders[g](obs[g]) for g in self.shared_groups}
+            logp, entropy = self.actor.log_prob_entropy(obs, actions, encoded)
+            return logp, entropy, self.critic(obs, encoded)
+        flat = {g: v.flatten(0, 1) for g, v in obs.items()}
+        encoded = {g: self.actor.encoders[g](flat[g]) for g in self.shared_groups}
+        valid = sequences["mask"]
+        memory = self.actor.replay(obs, sequences, encoded)[valid]
+        logp, entropy = self.actor.distribution(self.actor.net(memory), actions[valid])
+        at_valid = valid.flatten()
+        value = self.critic(
+            {g: v[at_valid] for g, v in flat.items()}, {g: e[at_valid] for g, e in encoded.items()}, memory
+        )
+        return logp, entropy, value
 
     def shared_prefixes(self, prefix: str) -> list[tuple[str, str]]:
         """``(critic's, actor's)`` state_dict prefix of each shared encoder, under the model's ``prefix``."""

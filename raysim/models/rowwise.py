@@ -17,6 +17,8 @@ blocks of ``BLOCK`` values, so memory stays small).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -30,19 +32,21 @@ BLOCK = 1 << 18
 def rowwise(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     """``net(x)`` for ``x`` [B, D], computed so that each row's result depends on that row alone."""
     for module in net:
-        if isinstance(module, nn.Linear):
-            rows = max(1, BLOCK // module.weight.numel())
-            x = torch.cat([(part.unsqueeze(1) * module.weight).sum(-1) for part in x.split(rows)]) + module.bias
-        else:
-            x = _padded(module, x)
+        x = linear_by_row(module, x) if isinstance(module, nn.Linear) else elementwise_by_row(module, x)
     return x
 
 
-def _padded(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """An elementwise ``module`` on ``x`` [B, W] with each row padded with zeros to a multiple of ``ALIGN``."""
+def linear_by_row(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for ``x`` [B, D] as products summed per row: each row's result depends on that row alone."""
+    rows = max(1, BLOCK // module.weight.numel())
+    return torch.cat([(part.unsqueeze(1) * module.weight).sum(-1) for part in x.split(rows)]) + module.bias
+
+
+def elementwise_by_row(function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """An elementwise ``function`` on ``x`` [B, W] with each row padded with zeros to a multiple of ``ALIGN``."""
     width = x.shape[1]
-    if width % ALIGN == 0:  # no value in a kernel's scalar tail already
-        return module(x)
+    if width % ALIGN == 0 and x.is_contiguous():  # no value in a kernel's scalar tail already
+        return function(x)
     wide = x.new_zeros(x.shape[0], -(-width // ALIGN) * ALIGN)
     wide[:, :width] = x
-    return module(wide)[:, :width]
+    return function(wide)[:, :width]

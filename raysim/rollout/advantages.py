@@ -7,31 +7,42 @@ The next-state value of step ``t``, row ``n`` (DESIGN.md, "Values, bootstrap and
 - ``0`` if it was terminated (also when truncated in the same step).
 
 GAE cuts the lambda-trace at every episode end and at masked transitions; the reward is never
-modified.
+modified. With a recurrent core (``model.recurrent``) the values come from replaying the chunk's
+sequences from the rows' stored states (``sequence_values``), and a truncated row's terminal value
+is computed with the state its episode reached, not the next episode's reset one.
 """
 
 from __future__ import annotations
 
 import torch
 
-from raysim.models import Critic, MLPInference
+from raysim.models import ActorCritic, Critic, MLPInference
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.inference import inference
 
 
-def terminal_values(critic: Critic, chunk: RolloutChunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def terminal_values(
+    critic: Critic, chunk: RolloutChunk, states: torch.Tensor | None = None, model: ActorCritic | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(t, row, V(final_obs))`` for the eligible rows only: truncated and not terminated.
 
-    One forward pass over the eligible rows' compact final_obs; none when no row is eligible.
+    One forward pass over the eligible rows' compact final_obs; none when no row is eligible. A recurrent
+    ``model``'s core reads each final observation from ``states[t, row]``, the state after the row's last
+    observation of that episode (``sequence_values``).
     """
     t, row = chunk.final_t, chunk.final_row
     eligible = (chunk.truncated[t, row] & ~chunk.terminated[t, row]).nonzero().squeeze(1)
     if eligible.numel() == 0:
         return t[:0], row[:0], torch.zeros(0, device=t.device)  # on the chunk's device, like the values
     final_obs = {k: v.index_select(0, eligible) for k, v in chunk.final_obs.items()}
-    with inference(critic):
-        values = critic(final_obs)
-    return t[eligible], row[eligible], values
+    t, row = t[eligible], row[eligible]
+    with inference(critic if model is None else model):
+        if model is None:
+            values = critic(final_obs)
+        else:
+            memory, _ = model.actor.core(model.actor.features(final_obs), states[t, row])
+            values = critic(final_obs, memory=memory)
+    return t, row, values
 
 
 #: Rows per block of ``critic_values``: a block's activations stay in cache (see benchmarks/README.md).
@@ -73,6 +84,23 @@ def chunk_values(critic: Critic, chunk: RolloutChunk) -> tuple[torch.Tensor, tor
     next_values = all_values[1:].clone()
     next_values[chunk.terminated | chunk.truncated] = 0.0
     t, row, values = terminal_values(critic, chunk)
+    next_values[t, row] = values
+    return all_values[:T], next_values
+
+
+def sequence_values(model: ActorCritic, chunk: RolloutChunk) -> tuple[torch.Tensor, torch.Tensor]:
+    """``chunk_values`` of a recurrent model: its core replays the rows' T+1 observations from ``chunk.state0``,
+    zeroing a row's state where ``chunk.starts`` says its episode starts, and the critic reads each step's output;
+    a truncated row's final observation is read from the state its episode reached (``terminal_values``)."""
+    T, N = chunk.num_steps, chunk.num_envs
+    obs = {k: v.flatten(0, 1) for k, v in chunk.obs.items()}
+    with inference(model):
+        x = model.actor.features(obs).view(T + 1, N, -1)
+        memory, states = model.actor.core.replay(x, chunk.state0, chunk.starts)
+        all_values = model.critic(obs, memory=memory.flatten(0, 1)).reshape(T + 1, N)
+    next_values = all_values[1:].clone()
+    next_values[chunk.terminated | chunk.truncated] = 0.0
+    t, row, values = terminal_values(model.critic, chunk, states, model)
     next_values[t, row] = values
     return all_values[:T], next_values
 

@@ -35,6 +35,9 @@ class RolloutChunk:
     shard: int = 0
     nonfinite: int = 0  # rows masked because the env returned a non-finite value
     fresh: bool = False  # the rows started fresh episodes here (a new or replaced shard): running sums restart
+    # a recurrent actor's (model.recurrent), so the learner replays the rows' sequences; None otherwise:
+    state0: torch.Tensor | None = None  # [N, S] each row's state before obs[0] (zeroed where starts[0])
+    starts: torch.Tensor | None = None  # [T+1, N] bool, obs[t] starts an episode of the row: its state is zeroed first
 
     @property
     def num_steps(self) -> int:

@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 
 from raysim.envs.contract import BatchedEnv, Obs, Step
-from raysim.models import Actor
+from raysim.models import Actor, RowMemory
 from raysim.rollout.chunk import RolloutChunk
 from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_seed
 
@@ -101,6 +101,7 @@ class Acting(Protocol):
     obs: Obs
     steps_done: int
     group_rounds: int
+    memory: RowMemory | None  # the rows' recurrent state (model.recurrent)
 
     def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
 
@@ -157,16 +158,21 @@ class ChunkBuffer:
         self.reward_t, self.logp_t = self.reward.unbind(0), self.logp.unbind(0)
         self.terminated_t, self.truncated_t = self.terminated.unbind(0), self.truncated.unbind(0)
         self.actions_t = self.actions.unbind(0) if self.fast else None
+        memory = shard.memory  # a recurrent actor's: the rows' state before obs[0], and where episodes start
+        self.state0 = None if memory is None else memory.state.clone()
+        self.starts = None if memory is None else torch.empty(T + 1, N, dtype=torch.bool)
 
     def observe(self, t: int, obs: Obs) -> None:
         for k, v in obs.items():
             self.obs_t[k][t].copy_(v)
+        if self.starts is not None:
+            self.starts[t] = self.shard.memory.starting
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         """A sampled action for every row, written with its log-probability into step ``t``."""
         if self.fast:
             return self.shard.sample_discrete(obs, self.actions_t[t], self.logp_t[t])
-        action, self.logp[t] = self.shard.actor.sample(obs, self.shard.generator)
+        action, self.logp[t] = self.shard.actor.sample(obs, self.shard.generator, memory=self.shard.memory)
         if self.actions is None:
             self.actions = torch.empty((self.capacity, *action.shape), dtype=action.dtype)
         self.actions[t] = action
@@ -185,6 +191,8 @@ class ChunkBuffer:
         """The chunk of the first ``steps`` steps; ``episodes`` default to the finished rows' reports."""
         for k, v in last_obs.items():
             self.obs[k][steps].copy_(v)
+        if self.starts is not None:
+            self.starts[steps] = self.shard.memory.starting
         finals = self.finals
         final_obs = (
             {k: torch.cat([s.final_obs[k] for _, s in finals]) for k in self.obs}
@@ -219,6 +227,8 @@ class ChunkBuffer:
             shard=self.shard.shard_index,
             nonfinite=self.nonfinite,
             fresh=self.shard.take_fresh(),
+            state0=self.state0,
+            starts=None if self.starts is None else kept(self.starts, 1),
         )
 
 
@@ -361,6 +371,8 @@ def group_reset(shard: Acting, group_size: int, round_index: int) -> Obs:
         )
     seeds = [derive_seed(shard.seed, 6, row // G, round_index) for row in range(N)]
     obs = env.reset_rows(torch.arange(N), seeds)
+    if shard.memory is not None:
+        shard.memory.restart(torch.arange(N))
     for name, value in obs.items():
         grouped = value.reshape(N // G, G, -1)
         same = (grouped == grouped[:, :1]).all(-1).all(-1)
@@ -420,6 +432,8 @@ class EvalEnding(Ending):
             keys = [derive_seed(self.plan.seed, EVAL_ACTION_NOISE, j) for j in episodes]
             self.noise_key[rows] = torch.tensor(keys, dtype=torch.int64)
         self.episode_step[rows] = 0
+        if self.shard.memory is not None:
+            self.shard.memory.restart(torch.tensor(rows, dtype=torch.int64))
         if not self.by_index:
             return None
         seeds = [self.seed_of(j) for j in episodes]
@@ -438,10 +452,10 @@ class EvalEnding(Ending):
         )
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
-        actor = self.shard.actor
+        actor, memory = self.shard.actor, self.shard.memory
         if self.plan.deterministic:
-            return actor.deterministic(obs, by_row=True)
-        return actor.sample(obs, keys=(self.noise_key, self.episode_step), by_row=True)[0]
+            return actor.deterministic(obs, by_row=True, memory=memory)
+        return actor.sample(obs, keys=(self.noise_key, self.episode_step), by_row=True, memory=memory)[0]
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         self.episode_step += 1 if step.valid is None else step.valid  # an env's own reset transition is none

@@ -21,7 +21,7 @@ import torch
 from raysim.envs import FrameStackConfig, make, stacked
 from raysim.envs.contract import Obs, Step
 from raysim.envs.messages import captured
-from raysim.models import Actor, MLPInference, ModelConfig, sample_categorical
+from raysim.models import Actor, MLPInference, ModelConfig, RowMemory, sample_categorical
 from raysim.rollout.arrays import ArrayDict
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.endings import (
@@ -79,6 +79,8 @@ class EnvShard:
             self.env = stacked(env, frame_stack)
         model = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
         self.actor = Actor(self.env.observation_spaces, self.env.action_space, model)
+        # a recurrent actor's state per row (model.recurrent), zeroed where a row's episode starts
+        self.memory = None if self.actor.core is None else RowMemory(self.actor.core, self.env.num_envs)
         self.generator = torch.Generator()
         self.generator.manual_seed(derive_seed(seed, 1))
         self.obs = self.env.reset(seed)
@@ -159,6 +161,8 @@ class EnvShard:
             "resets": self.resets,
             "group_rounds": self.group_rounds,
         }
+        if self.memory is not None:
+            state["memory"] = self.memory.get_state()
         return ArrayDict(state)
 
     def set_state(self, state: dict[str, Any]) -> str:
@@ -169,16 +173,29 @@ class EnvShard:
         rows = next(iter(state["obs"].values())).shape[0]
         saved_shapes = {g: v.shape[1:] for g, v in state["obs"].items()}
         other_shapes = saved_shapes != {g: v.shape[1:] for g, v in self.obs.items()}
-        if state["env"] is None or self.env.get_state() is None or rows != self.env.num_envs or other_shapes:
+        no_memory = self.memory is not None and "memory" not in state
+        if (
+            state["env"] is None
+            or self.env.get_state() is None
+            or rows != self.env.num_envs
+            or other_shapes
+            or no_memory
+        ):
             self.obs = self.env.reset(derive_seed(self.seed, 6, self.steps_done))
             self.fresh = True
+            if self.memory is not None:
+                self.memory.restart(torch.arange(self.env.num_envs))
             if rows != self.env.num_envs:
                 return f"fresh episodes ({rows} rows saved per shard, {self.env.num_envs} now)"
             if other_shapes:
                 return "fresh episodes (the saved observations have other shapes: another env.frame_stack?)"
+            if no_memory:
+                return "fresh episodes (the saved shard state has no recurrent state: model.recurrent was none)"
             return "fresh episodes (this env cannot save its state)"
         self.env.set_state(state["env"])
         self.obs = {k: v.clone() for k, v in state["obs"].items()}
+        if self.memory is not None:
+            self.memory.set_state(state["memory"])
         self.fresh = False
         return "exact"
 
@@ -188,6 +205,8 @@ class EnvShard:
         self.generator.manual_seed(derive_seed(self.seed, 1, key))
         self.obs = self.env.reset(derive_seed(self.seed, 6, key))
         self.fresh = True
+        if self.memory is not None:
+            self.memory.restart(torch.arange(self.env.num_envs))
 
     def set_weights(self, weights: dict) -> None:
         """Load the actor weights ``{"version": v, "timeline": t, "actor": state_dict}`` unless already loaded.
@@ -220,6 +239,8 @@ class EnvShard:
                     step = self.env.step(self.actor.env_action(ending.act(t, obs)))
                     bad = self._nonfinite_rows(step, t) if each_step else None
                     ending.after_step(t, step, bad)
+                    if self.memory is not None:  # finished rows start their next episode with a zero state
+                        self.memory.restart(step.done_rows)
                     obs = step.obs
                     t += 1
         except Exception as error:
@@ -240,7 +261,7 @@ class EnvShard:
         An actor of vector groups with a plain MLP runs fused (``MLPInference``); any other (a CNN) its own forward.
         """
         if not (self.actor.fusable and MLPInference.supports(self.actor.net)):
-            sampled, logp_now = self.actor.sample(obs, self.generator)
+            sampled, logp_now = self.actor.sample(obs, self.generator, memory=self.memory)
             action.copy_(sampled)
             logp.copy_(logp_now)
             return action
@@ -272,6 +293,8 @@ class EnvShard:
         seeds = [derive_seed(self.seed, 2, self.resets, int(r)) for r in index]
         self.resets += 1
         step.obs = self.env.reset_rows(index, seeds)
+        if self.memory is not None:
+            self.memory.restart(index)
         return int(index.numel())
 
     # -- non-finite values ----------------------------------------------------------------------
