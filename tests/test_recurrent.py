@@ -1,0 +1,221 @@
+"""Recurrent policies (``model.recurrent``): the core, row state on shards, sequences, the terminal-value rule,
+exact resume, evaluation layouts, overlapped collection, the refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import raysim
+from raysim.actors import LocalBackend
+from raysim.algos.decoupled import decouple
+from raysim.algos.epochs import sequences
+from raysim.config import ConfigError
+from raysim.evaluation import EvalSpec, evaluate_on_shards
+from raysim.models import ActorCritic, ModelConfig, RecurrentCore, RowMemory
+from raysim.rollout import EnvShard
+from raysim.rollout.advantages import sequence_values
+from raysim.rollout.inference import inference
+from tests.test_evaluation import LAYOUTS, assert_same_evaluation
+from tests.test_resume import TINY, final_weights, metrics
+from tests.test_shard import NaNCartPole  # noqa: F401  (registers test/NaNCartPole)
+
+STATELESS = {"velocities": False}
+RECURRENT = [*TINY, "model.recurrent=lstm", "model.recurrent_size=8", "env.kwargs={velocities: false}"]
+
+
+def model_and_shard(kind: str = "lstm", rows: int = 4, env_kwargs: dict | None = None, seed: int = 0):
+    """A recurrent ``ActorCritic`` and a shard acting with its actor's weights."""
+    config = ModelConfig(recurrent=kind, recurrent_size=8, hidden_sizes=[16])
+    shard = EnvShard("raysim/CartPole", rows, seed=seed, model=config, env_kwargs=env_kwargs or STATELESS)
+    torch.manual_seed(seed)
+    model = ActorCritic(*shard.spaces()[:2], config)
+    shard.set_weights({"version": 0, "actor": model.actor.state_dict()})
+    return model, shard
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_cell_computes_what_torchs_cell_does_and_by_row_each_row_alone_bitwise(kind):
+    torch.manual_seed(0)
+    core = RecurrentCore(kind, 5, 8)
+    reference = nn.LSTMCell(5, 8) if kind == "lstm" else nn.GRUCell(5, 8)
+    with torch.no_grad():
+        reference.weight_ih.copy_(core.input.weight)
+        reference.bias_ih.copy_(core.input.bias)
+        reference.weight_hh.copy_(core.recurrent.weight)
+        reference.bias_hh.copy_(core.recurrent.bias.add(torch.randn(core.recurrent.bias.shape)))
+        core.recurrent.bias.copy_(reference.bias_hh)
+    x, state = torch.randn(7, 5), torch.randn(7, core.state_size)
+    with torch.no_grad():
+        out, new = core(x, state)
+        if kind == "lstm":
+            h, c = reference(x, (state[:, :8], state[:, 8:]))
+            expected = torch.cat([h, c], 1)
+        else:
+            h = expected = reference(x, state)
+        torch.testing.assert_close(out, h, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(new, expected, atol=1e-6, rtol=1e-5)
+        alone = [core(x[i : i + 1], state[i : i + 1], by_row=True) for i in range(7)]
+        batched = core(x, state, by_row=True)
+    assert torch.equal(torch.cat([o for o, _ in alone]), batched[0])
+    assert torch.equal(torch.cat([s for _, s in alone]), batched[1])
+
+
+def test_a_chunk_carries_each_rows_state_before_its_first_step_and_where_episodes_start():
+    model, shard = model_and_shard()
+    weights = {"version": 0, "actor": model.actor.state_dict()}
+    first, second = shard.rollout(weights, 64), shard.rollout(weights, 64)
+    done = first.terminated | first.truncated
+    assert bool(first.starts[0].all())  # a new shard's rows start fresh episodes
+    assert torch.equal(first.starts[1:], done) and int(done.sum()) > 4  # random actions: many short episodes
+    assert torch.equal(second.starts[0], first.starts[-1])
+    # the learner's replay of the first chunk reaches the state the shard carried into the second one ...
+    T, N = first.num_steps, first.num_envs
+    with inference(model):
+        x = model.actor.features({k: v.flatten(0, 1) for k, v in first.obs.items()}).view(T + 1, N, -1)
+        _, states = model.actor.core.replay(x, first.state0, first.starts)
+    torch.testing.assert_close(states[T - 1], second.state0, atol=1e-6, rtol=1e-5)
+    # ... and the log-probabilities the shard acted with
+    part = sequences(second)
+    with inference(model):
+        logp, _ = model.actor.log_prob_entropy(part["obs"], part["actions"], sequences=part["sequences"])
+    torch.testing.assert_close(logp, part["logprobs"][part["sequences"]["mask"]], atol=1e-5, rtol=1e-5)
+
+
+def test_a_row_restarted_after_a_non_finite_value_starts_with_a_zero_state():
+    config = ModelConfig(recurrent="gru", recurrent_size=8)
+    shard = EnvShard("test/NaNCartPole", 4, model=config, on_nonfinite="mask", env_kwargs={"nan_row": 2, "nan_step": 3})
+    model = ActorCritic(*shard.spaces()[:2], config)
+    chunk = shard.rollout({"version": 0, "actor": model.actor.state_dict()}, 8)
+    assert not bool(chunk.mask[3, 2]) and bool(chunk.starts[4, 2])
+    assert chunk.nonfinite == 1
+
+
+def reference_terminal_value(model: ActorCritic, obs: torch.Tensor, start: int, t: int, row: int, final: torch.Tensor):
+    """V(final observation) of the episode that ran from step ``start`` to ``t`` in ``row``, stepping the core over
+    that episode's observations alone, from a zero state."""
+    core, actor = model.actor.core, model.actor
+    with inference(model):
+        state = torch.zeros(1, core.state_size)
+        for k in range(start, t + 1):
+            _, state = core(actor.features({"policy": obs[k, row : row + 1]}), state)
+        final_obs = {"policy": final.unsqueeze(0)}
+        after, _ = core(actor.features(final_obs), state)
+        zero, _ = core(actor.features(final_obs), torch.zeros_like(state))
+        return [float(model.critic(final_obs, memory=m)) for m in (after, zero)], state
+
+
+def test_a_truncated_row_bootstraps_from_its_final_observation_read_with_the_state_its_episode_reached():
+    """The terminal-value rule with a critic whose value depends on the state: the value of a truncated episode's
+    final observation is read from the state that episode reached (across a chunk boundary too), not from a zero
+    state nor the next episode's; terminated rows never bootstrap; eval mode during, each module's mode after."""
+    model, shard = model_and_shard(rows=3, env_kwargs={"velocities": False, "max_episode_steps": 5}, seed=3)
+    with torch.no_grad():
+        model.critic.net[0].weight[:, :8] *= 100  # the core's output, read first: values far apart by state
+    weights = {"version": 0, "actor": model.actor.state_dict()}
+    first, second = shard.rollout(weights, 12), shard.rollout(weights, 12)
+    obs = torch.cat([first.obs["policy"][:-1], second.obs["policy"]])  # the 24 steps, then the next start
+    starts = torch.cat([first.starts[:-1], second.starts])
+    model.train()
+    model.critic.eval()  # a mixed mode, to be restored exactly
+    modes = []
+    model.actor.core.register_forward_hook(lambda module, *_: modes.append(module.training))
+    values, next_values = sequence_values(model, second)
+    assert modes and not any(modes)
+    assert model.training and model.actor.training and model.actor.core.training and not model.critic.training
+
+    eligible = second.truncated & ~second.terminated
+    assert int(eligible.sum()) >= 3
+    assert bool((next_values[second.terminated] == 0).all())
+    crossing = 0
+    for k, (t, row) in enumerate(zip(second.final_t.tolist(), second.final_row.tolist(), strict=True)):
+        if not bool(eligible[t, row]):
+            continue
+        step = 12 + t
+        start = max(s for s in range(step + 1) if bool(starts[s, row]))
+        crossing += start < 12
+        (expected, from_zero), _ = reference_terminal_value(model, obs, start, step, row, second.final_obs["policy"][k])
+        assert float(next_values[t, row]) == pytest.approx(expected, rel=1e-5, abs=1e-5)
+        assert abs(expected - from_zero) > 0.01  # the test tells the states apart
+        if t + 1 < 12:  # the next episode's first value, read with its reset state
+            assert abs(expected - float(values[t + 1, row])) > 0.01
+    assert crossing >= 1  # an episode that began in the previous chunk: its state came in state0
+
+
+def test_a_recurrent_run_stopped_and_resumed_ends_bitwise_equal_to_the_uninterrupted_run(tmp_path):
+    overrides = [*RECURRENT, "train.total_steps=2048"]  # 16 iterations
+    straight = raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()
+    raysim.Trainer(raysim.load_config(None, [*overrides, "train.stop_after=8", f"run_dir={tmp_path / 'b'}"])).train()
+    resumed = raysim.Trainer.from_run_dir(tmp_path / "b").train()
+    assert straight.iterations == resumed.iterations == 16
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert any(k.startswith("actor.core.") for k in a)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    assert straight.evaluation.records == resumed.evaluation.records
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_recurrent_policys_evaluation_does_not_depend_on_the_shard_layout(deterministic):
+    config = ModelConfig(recurrent="lstm", recurrent_size=8)
+    torch.manual_seed(1)
+    model = ActorCritic(*EnvShard("raysim/CartPole", 1, env_kwargs=STATELESS).spaces()[:2], config)
+    weights = {"version": 1, "actor": model.actor.state_dict()}
+    spec = EvalSpec(episodes=23, seed=5, max_steps=500, deterministic=deterministic)
+    backend, reports = LocalBackend(), []
+    for layout in LAYOUTS:
+
+        def make(i, layout=layout):
+            return backend.create(EnvShard, "raysim/CartPole", layout[i], seed=i, model=config, env_kwargs=STATELESS)
+
+        shards = [make(i) for i in range(len(layout))]
+        reports.append(evaluate_on_shards(backend, make, shards, layout, weights, spec))
+    assert_same_evaluation(reports)
+    assert len({r["return"] for r in reports[0].records}) > 1
+
+
+def test_decoupled_ppo_takes_a_lagging_sequences_proximal_log_probabilities_from_replaying_it():
+    model, shard = model_and_shard()
+    chunk = shard.rollout({"version": 0, "actor": model.actor.state_dict()}, 16)
+    with torch.no_grad():
+        for p in model.actor.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the learner moved on: the chunk lags one version
+    part = sequences(chunk)
+    part["sequences"]["mask"][1, 3:] = False  # padding steps keep the acting log-probabilities
+    acting = part["logprobs"].clone()
+    decouple([part], [chunk], 1, model.actor, max_is_weight=2.0)
+    with inference(model):
+        replayed, _ = model.actor.log_prob_entropy(part["obs"], part["actions"], sequences=part["sequences"])
+    valid = part["sequences"]["mask"]
+    assert torch.equal(part["logprobs"][valid], replayed) and not torch.equal(replayed, acting[valid])
+    assert torch.equal(part["logprobs"][~valid], acting[~valid])
+    assert bool((part["is_weights"] <= 2.0).all()) and bool((part["is_weights"][~valid] == 1).all())
+
+
+def test_an_overlapped_recurrent_run_trains_and_counts_every_step(tmp_path):
+    config = raysim.load_config(None, [*RECURRENT, "algo.max_policy_lag=1", f"run_dir={tmp_path / 'r'}"])
+    result = raysim.Trainer(config).train()
+    assert result.env_steps == 1024 and result.evaluation.completed == 4
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "expected"),
+    [
+        ("cartpole_grpo", ["model.recurrent=gru"], "algo 'grpo' does not train recurrent policies"),
+        (None, [*RECURRENT, "algo.num_minibatches=3"], "a learner rank's 4 rows (shards.count / learner.ranks x"),
+    ],
+)
+def test_settings_a_recurrent_policy_cannot_train_with_are_refused_in_one_line(config, overrides, expected):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")) as caught:
+        raysim.load_config(config, overrides)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_recurrent_actor_acting_without_a_row_state_says_so():
+    model, _ = model_and_shard()
+    with pytest.raises(ValueError, match="pass their RowMemory"):
+        model.actor(torch.zeros(2, 2))
+    memory = RowMemory(model.actor.core, 2)
+    assert model.actor(torch.zeros(2, 2), memory=memory).shape == (2, 2)
+    assert not bool(memory.starting.any())
