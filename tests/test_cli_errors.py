@@ -42,6 +42,15 @@ CASES = [
         ["--set", "model.cnn=keypoints", "--set", "model.cnn_features=31"],
         "model.cnn_features must be even with model.cnn: keypoints (an x and a y per keypoint), got 31",
     ),
+    (
+        ["cartpole_grpo", "--set", "model.recurrent=gru"],
+        "algo 'grpo' does not train recurrent policies (model.recurrent: gru); use algo.name: ppo, or model.recurrent",
+    ),
+    (
+        ["--set", "model.recurrent=lstm", "--set", "algo.num_minibatches=3"],
+        "with model.recurrent a minibatch is whole rows: a learner rank's 8 rows",
+    ),
+    (["--set", "model.recurrent=rnn"], "model.recurrent must be one of ['none', 'lstm', 'gru'], got 'rnn'"),
     (["--set", "algo.lr_schedule=cosine"], "algo.lr_schedule must be one of ['constant', 'linear'], got 'cosine'"),
     (["--set", "env.on_nonfinite=ignore"], "env.on_nonfinite must be one of ['raise', 'mask'], got 'ignore'"),
     (["--set", "env.kwargs.max_steps=200"], "env.kwargs.max_steps: raysim/CartPole has no option 'max_steps'"),

@@ -11,12 +11,14 @@ import raysim
 from raysim.actors import LocalBackend
 from raysim.algos.decoupled import decouple
 from raysim.algos.epochs import sequences
+from raysim.checkpoint import load_latest
 from raysim.config import ConfigError
 from raysim.evaluation import EvalSpec, evaluate_on_shards
 from raysim.models import ActorCritic, ModelConfig, RecurrentCore, RowMemory
 from raysim.rollout import EnvShard
 from raysim.rollout.advantages import sequence_values
 from raysim.rollout.inference import inference
+from tests.support.multi_input import tiny_spot_run
 from tests.test_evaluation import LAYOUTS, assert_same_evaluation
 from tests.test_resume import TINY, final_weights, metrics
 from tests.test_shard import NaNCartPole  # noqa: F401  (registers test/NaNCartPole)
@@ -219,3 +221,22 @@ def test_a_recurrent_actor_acting_without_a_row_state_says_so():
     memory = RowMemory(model.actor.core, 2)
     assert model.actor(torch.zeros(2, 2), memory=memory).shape == (2, 2)
     assert not bool(memory.starting.any())
+
+
+def test_a_camera_policy_with_a_shared_cnn_an_lstm_and_a_privileged_critic_trains_and_evaluates(tmp_path):
+    """The robot's case: images (uint8 to the CNN) and joints into the core; the critic reads the core's output beside
+    its privileged group, through the actor's CNN (``model.shared_encoders``)."""
+    settings = tiny_spot_run(
+        tmp_path / "run",
+        "model.recurrent=lstm",
+        "model.recurrent_size=16",
+        "model.cnn_features=16",
+        "model.shared_encoders=true",
+        "model.critic_inputs=[camera, critic]",
+        "eval.episodes=4",
+        "eval.num_envs=2",
+    )
+    result = raysim.Trainer(raysim.load_config(None, settings)).train()
+    assert result.env_steps == 256 and result.evaluation.completed == 4
+    _, state, _ = load_latest(tmp_path / "run")
+    assert state["model"]["critic.net.0.weight"].shape[1] == 16 + 16 + 1  # memory, CNN features, privileged
