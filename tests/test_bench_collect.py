@@ -16,19 +16,38 @@ def test_quick_run_prints_the_table(capsys):
 
     assert "# raysim collection benchmark" in out
     assert f"torch {torch.__version__}" in out
-    for row in ("raysim in-process", "Gymnasium SyncVectorEnv", "Gymnasium CartPoleVectorEnv"):
+    rows = ("raysim in-process", "raysim in-process, LSTM", "Gymnasium SyncVectorEnv", "Gymnasium CartPoleVectorEnv")
+    for row in rows:
         for n in (1, 64):
             # a Markdown row: name, N, a positive median in ms, min-max, ...
             match = re.search(rf"^\| {re.escape(row)} +\| {n} +\| ([0-9.]+) +\| [0-9.]+-[0-9.]+ +\|", out, re.M)
             assert match, f"no table row for {row} at N={n}:\n{out}"
             assert float(match.group(1)) > 0
     assert "raysim Ray actor" not in out
+    # the LSTM row beside the feed-forward one, in the same run: steps/s of both and the time ratio
+    for n in (1, 64):
+        assert re.search(rf"^\| LSTM +\| {n} +\| [0-9,]+ +\| [0-9,]+ +\| [0-9.]+x +\|$", out, re.M), out
+    assert "GRU" not in out
     assert "Compute floor" in out and "Peak resident memory" in out
     # the sync baseline is its own reference
     assert re.search(r"^\| Gymnasium SyncVectorEnv +\| 1 +\|.*\| 1\.00x +\|", out, re.M)
     # the benchmark leaves the process as it found it
     assert torch.get_num_threads() == threads
     assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+def test_the_recurrent_rows_are_the_kinds_asked_for(capsys):
+    assert (
+        main(["--no-ray", "--envs", "2", "--steps", "4", "--warmups", "0", "--samples", "1", "--recurrent", "gru"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert re.search(r"^\| raysim in-process, GRU +\| 2 +\| [0-9.]+ +\|", out, re.M), out
+    assert re.search(r"^\| GRU +\| 2 +\| [0-9,]+ +\| [0-9,]+ +\| [0-9.]+x +\|$", out, re.M), out
+    assert "LSTM" not in out
+
+    assert main(["--no-ray", "--envs", "2", "--steps", "4", "--warmups", "0", "--samples", "1", "--recurrent"]) == 0
+    out = capsys.readouterr().out
+    assert "raysim in-process " in out and "GRU" not in out and "LSTM" not in out and "## Recurrent" not in out
 
 
 def test_rejects_bad_arguments(capsys):

@@ -7,6 +7,10 @@ raysim, the terminal values of the eligible rows):
 
 - ``raysim in-process``: ``chunk = shard.rollout(weights, T)`` then ``chunk_values(critic, chunk)``,
   with a new weights version every round so the shard loads the weights each time, as in training;
+- ``raysim in-process, LSTM`` (and ``GRU``; ``--recurrent``): the same with a recurrent policy
+  (``model.recurrent``, ``RECURRENT_SIZE`` units, the same MLPs): the shard steps each row's state and
+  the learner side replays the chunk for its values (``sequence_values``), as PPO does; the report
+  sets each beside the feed-forward row, recurrent / feed-forward;
 - ``raysim Ray actor``: the same shard as a Ray actor; the weights go in as an object ref from one
   ``ray.put`` per round, the chunk comes back with ``ray.get`` and the driver (playing the learner)
   computes the values: one request's latency, round trip included;
@@ -47,24 +51,31 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from raysim.bench.peers import MISSING, peer_module
 
+if TYPE_CHECKING:
+    from raysim.models import ActorCritic, ModelConfig
+
 ENV_ID = "raysim/CartPole"
 GYM_ID = "CartPole-v1"
 
 INPROC = "raysim in-process"
+LSTM = "raysim in-process, LSTM"
+GRU = "raysim in-process, GRU"
+RECURRENT_ROWS = {"lstm": LSTM, "gru": GRU}  # model.recurrent -> its row
+RECURRENT_SIZE = 64  # model.recurrent_size of the recurrent rows
 RAY = "raysim Ray actor"
 STEADY = "raysim Ray actor, steady state"
 SYNC = "Gymnasium SyncVectorEnv"
 NATIVE = "Gymnasium CartPoleVectorEnv"
 ENVPOOL = "EnvPool"
 FLOOR = "compute floor"
-ROWS = (INPROC, RAY, STEADY, SYNC, NATIVE, ENVPOOL)
+ROWS = (INPROC, LSTM, GRU, RAY, STEADY, SYNC, NATIVE, ENVPOOL)
 STEADY_CHUNKS = 16  # chunks per round of the steady-state row
 QUEUED = 2  # collections queued on the steady-state shard (max_policy_lag + 1, as the Collector keeps)
 
@@ -101,28 +112,51 @@ class Results:
 
 def _raysim_rows(n: int, steps: int, seed: int, use_ray: bool, results: Results):
     """The learner-side model, the in-process shard row and (optionally) the Ray actor rows."""
-    from raysim.models import ActorCritic, ModelConfig
+    from raysim.models import ModelConfig
     from raysim.rollout.advantages import chunk_values
-    from raysim.rollout.shard import EnvShard
 
-    shard = EnvShard(ENV_ID, n, seed=seed)
-    observation_spaces, action_space = shard.spaces()[:2]  # (obs spaces, action space, ...)
-    torch.manual_seed(seed)
-    model = ActorCritic(observation_spaces, action_space, ModelConfig())
-
-    def inproc(version: int):
-        weights = {"version": version, "actor": model.actor.state_dict()}
-        chunk = shard.rollout(weights, steps)
-        values, next_values = chunk_values(model.critic, chunk)
-        return chunk, values, next_values
-
-    rows = [Row(INPROC, inproc)]
+    model, row = _inproc_row(INPROC, n, steps, seed, ModelConfig())
+    rows = [row]
     if use_ray and RAY not in results.skipped:
         try:
             rows += _ray_rows(n, steps, seed, model, chunk_values)
         except Exception as error:  # no Ray, or it would not start: measure the rest
             results.skipped[RAY] = f"{type(error).__name__}: {error}"
     return model, rows
+
+
+def _inproc_row(name: str, n: int, steps: int, seed: int, config: ModelConfig) -> tuple[ActorCritic, Row]:
+    """A shard in this process and the learner-side model: ``shard.rollout(weights, T)``, then the chunk's values
+    as PPO computes them (``sequence_values``, replaying the chunk, for a recurrent model, else ``chunk_values``)."""
+    from raysim.models import ActorCritic
+    from raysim.rollout.advantages import chunk_values, sequence_values
+    from raysim.rollout.shard import EnvShard
+
+    shard = EnvShard(ENV_ID, n, seed=seed, model=config)
+    observation_spaces, action_space = shard.spaces()[:2]  # (obs spaces, action space, ...)
+    torch.manual_seed(seed)
+    model = ActorCritic(observation_spaces, action_space, config)
+    recurrent = model.actor.core is not None
+
+    def inproc(version: int):
+        weights = {"version": version, "actor": model.actor.state_dict()}
+        chunk = shard.rollout(weights, steps)
+        values, next_values = sequence_values(model, chunk) if recurrent else chunk_values(model.critic, chunk)
+        return chunk, values, next_values
+
+    return model, Row(name, inproc)
+
+
+def _recurrent_rows(n: int, steps: int, seed: int, kinds: list[str]) -> list[Row]:
+    """The in-process rows of the recurrent policies ``kinds`` (``--recurrent``): ``RECURRENT_SIZE`` units, the
+    MLPs of the feed-forward row, so that recurrent / feed-forward is the cost of the recurrence alone."""
+    from raysim.models import ModelConfig
+
+    rows = []
+    for kind in kinds:
+        config = ModelConfig(recurrent=kind, recurrent_size=RECURRENT_SIZE)
+        rows.append(_inproc_row(RECURRENT_ROWS[kind], n, steps, seed, config)[1])
+    return rows
 
 
 def _ray_rows(n: int, steps: int, seed: int, model, chunk_values) -> list[Row]:
@@ -181,6 +215,7 @@ def _floor_row(n: int, steps: int, model) -> Row:
 
 def _measure(n: int, args, results: Results) -> None:
     model, rows = _raysim_rows(n, args.steps, args.seed, not args.no_ray, results)
+    rows += _recurrent_rows(n, args.steps, args.seed, args.recurrent)
     peers = peer_module("collect_peers")
     if peers is None:
         results.skipped["peers (Gymnasium, EnvPool)"] = MISSING
@@ -315,11 +350,23 @@ def _header(args) -> str:
             f"{torch.get_num_threads()} torch thread,",
             f"seed {args.seed}, {args.warmups} warm-up and {args.samples} measured rounds per N, the rows alternating "
             "within each round; median ms (min-max).",
+            *_recurrent_note(args),
             "",
             f"{', '.join(versions)}; Python {platform.python_version()}, {platform.machine()}, "
             f"{os.cpu_count()} CPUs; torch threads {torch.get_num_threads()}; load average at start {_load()}",
         ]
     )
+
+
+def _recurrent_note(args) -> list[str]:
+    """What the recurrent rows (``--recurrent``) are, for the header; none without them."""
+    if not args.recurrent:
+        return []
+    kinds = " and ".join(kind.upper() for kind in args.recurrent)
+    return [
+        f"Recurrent rows: {kinds} core of {RECURRENT_SIZE} units before the same actor MLP, in-process, the values by",
+        "`sequence_values(model, chunk)` (the learner replays the chunk from its `state0`).",
+    ]
 
 
 def _load() -> str:
@@ -347,7 +394,8 @@ def _measure_images(args) -> dict[str, Any]:
 def _report(
     args, envs: list[int], results: Results, scale: list[list[str]] | None = None, images: dict | None = None
 ) -> str:
-    out = _time_tables(args, envs, results) + _floor_and_memory(args, envs, results)
+    out = _time_tables(args, envs, results) + _recurrent_table(args, envs, results)
+    out += _floor_and_memory(args, envs, results)
     if images:
         from raysim.bench.images import image_report
 
@@ -410,6 +458,27 @@ def _time_tables(args, envs: list[int], results: Results) -> list[str]:
         "## Median ms, rows x N",
         "",
         _table(["row", *(f"N={n}" for n in envs)], [[r, *(_ms(results.median(r, n)) for n in envs)] for r in rows]),
+    ]
+
+
+def _recurrent_table(args, envs: list[int], results: Results) -> list[str]:
+    """Each recurrent row beside the feed-forward in-process row at each N: env steps/s and the time ratio."""
+    body = []
+    for kind in args.recurrent:
+        for n in envs:
+            feed_forward, recurrent = results.median(INPROC, n), results.median(RECURRENT_ROWS[kind], n)
+            if feed_forward and recurrent:
+                rates = (f"{args.steps * n / ms * 1e3:,.0f}" for ms in (feed_forward, recurrent))
+                body.append([kind.upper(), str(n), *rates, _ratio(recurrent, feed_forward)])
+    if not body:
+        return []
+    header = ["policy", "N", "feed-forward env steps/s", "recurrent env steps/s", "time recurrent / feed-forward"]
+    return [
+        "",
+        f"## Recurrent policy ({RECURRENT_SIZE} units, the same MLPs) against feed-forward, in-process, values "
+        "included (`sequence_values` against `chunk_values`)",
+        "",
+        _table(header, body),
     ]
 
 
@@ -485,6 +554,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--image-envs", type=int, default=64, help="rows of the image rows' chunks (default 64; --steps steps)"
     )
     parser.add_argument(
+        "--recurrent",
+        nargs="*",
+        choices=sorted(RECURRENT_ROWS),
+        default=["lstm"],
+        help=f"recurrent policies measured in-process beside the feed-forward one ({RECURRENT_SIZE} units; "
+        "default lstm; none when given no value)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="smoke run: --envs 1 64 --warmups 1 --samples 3 unless given"
     )
     return parser
@@ -500,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 1 for n in args.envs) or args.steps < 1 or args.samples < 1 or args.warmups < 0:
         parser.error("--envs, --steps and --samples must be >= 1 and --warmups >= 0")
     envs = list(dict.fromkeys(args.envs))
+    args.recurrent = list(dict.fromkeys(args.recurrent))
     if args.scale is None:
         args.scale = [] if args.quick else [1, 2, 4]
     if args.images is None:
