@@ -8,7 +8,7 @@ A row's state is one tensor ``[state_size]`` (LSTM: ``h`` then ``c``; GRU: ``h``
 starts an episode, before the episode's first observation is read. The cell is written with two
 ``nn.Linear`` layers (input and recurrent weights, PyTorch's gate order: LSTM ``i f g o``, GRU ``r z n``)
 so that evaluation computes each row alone (``by_row``, ``raysim.models.rowwise``) and a row's
-episode does not depend on the rows beside it. ``tanh`` is ``2 sigmoid(2x) - 1`` (``networks.Tanh``'s).
+episode does not depend on the rows beside it.
 """
 
 from __future__ import annotations
@@ -62,20 +62,19 @@ class RecurrentCore(nn.Module):
         def each(function: Any, value: torch.Tensor) -> torch.Tensor:
             return elementwise_by_row(function, value) if by_row else function(value)
 
-        def tanh(value: torch.Tensor) -> torch.Tensor:
-            return each(torch.sigmoid, 2 * value) * 2 - 1
-
         size = self.size
         h = state[:, :size]
         recurrent = linear_by_row(self.recurrent, h) if by_row else self.recurrent(h)
         if self.kind == "lstm":
             gates = projected + recurrent
             sigmoid = each(torch.sigmoid, gates)
-            c = sigmoid[:, size : 2 * size] * state[:, size:] + sigmoid[:, :size] * tanh(gates[:, 2 * size : 3 * size])
-            h = sigmoid[:, 3 * size :] * tanh(c)
+            c = sigmoid[:, size : 2 * size] * state[:, size:] + sigmoid[:, :size] * each(
+                torch.tanh, gates[:, 2 * size : 3 * size]
+            )
+            h = sigmoid[:, 3 * size :] * each(torch.tanh, c)
             return h, torch.cat([h, c], 1)
         reset_update = each(torch.sigmoid, projected[:, : 2 * size] + recurrent[:, : 2 * size])
-        candidate = tanh(projected[:, 2 * size :] + reset_update[:, :size] * recurrent[:, 2 * size :])
+        candidate = each(torch.tanh, projected[:, 2 * size :] + reset_update[:, :size] * recurrent[:, 2 * size :])
         h = candidate + reset_update[:, size:] * (h - candidate)
         return h, h
 

@@ -258,19 +258,24 @@ class EnvShard:
     def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         """``Actor.sample`` for a discrete actor, bitwise, written into ``action`` [N] and ``logp`` [N].
 
-        An actor of vector groups with a plain MLP runs fused (``MLPInference``); any other (a CNN) its own forward.
+        An actor of vector groups with a plain MLP runs it fused (``MLPInference``), after its recurrent core where it
+        has one; any other (a CNN) its own forward.
         """
-        if not (self.actor.fusable and MLPInference.supports(self.actor.net)):
-            sampled, logp_now = self.actor.sample(obs, self.generator, memory=self.memory)
+        actor = self.actor
+        if actor.image_groups or not MLPInference.supports(actor.net):
+            sampled, logp_now = actor.sample(obs, self.generator, memory=self.memory)
             action.copy_(sampled)
             logp.copy_(logp_now)
             return action
-        x = self.actor.vector_input(obs)
+        if actor.core is None:
+            x, norm = actor.vector_input(obs), actor.obs_norm
+        else:  # the core reads the normalized features; the MLP reads the core's output
+            x, norm = self.memory.advance(actor.core, actor.features(obs)), None
         acting = self._acting
-        if acting is None or acting[0].net is not self.actor.net or acting[1].shape[0] != x.shape[0]:
-            rows, width = x.shape[0], self.actor.net[-1].out_features
+        if acting is None or acting[0].net is not actor.net or acting[1].shape[0] != x.shape[0]:
+            rows, width = x.shape[0], actor.net[-1].out_features
             acting = (
-                MLPInference(self.actor.net, self.actor.obs_norm),
+                MLPInference(actor.net, norm),
                 torch.empty(rows, width),
                 torch.empty(rows, width),
             )
