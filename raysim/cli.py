@@ -514,11 +514,12 @@ def export_command(args: argparse.Namespace) -> int:
         info = export_policy(args.path, args.out, args.format)
     except ExportError as error:
         raise OutputPathError(str(error)) from error
+    state = "" if info["recurrent"] == "none" else f", {info['recurrent']} state [{info['state_size']}] in and out"
     print(
         f"export: {info['out']} ({info['format']}, {info['env_id']}, checkpoint {info['checkpoint']}, "
         f"obs {info['observation_shape'] if len(info['inputs']) == 1 else info['observation_shapes']} "
         f"-> {info['action_space']}"
-        f"{', normalization baked in' if info['normalized'] else ''})"
+        f"{', normalization baked in' if info['normalized'] else ''}{state})"
     )
     return 0
 

@@ -15,6 +15,16 @@ module computes ``clamp((obs - mean) / sqrt(var + epsilon), -clip, clip)`` with 
 statistics of the checkpoint's actor (``actor.obs_norm.*`` buffers) on its vector groups before the
 network, as the actor's own forward does; otherwise the observation goes to the network unchanged.
 
+A recurrent actor (``model.recurrent``) exports ``(obs, state, starts) -> (action, next_state)``:
+``state`` [B, state_size] float32 (LSTM: ``h`` then ``c``; GRU: ``h``; zeros at first), ``starts`` [B]
+bool (the rows whose episode starts at this observation: their state is zeroed before it is read, as
+``RowMemory.advance`` does); the caller feeds ``next_state`` back. Its step is the actor's own
+``RecurrentCore`` on the exported features. ``torch.jit.script`` rejects the core (nested helper
+functions, the row-wise option), so this module is traced, for TorchScript as for ONNX: no branch
+of it depends on the input, so the trace is the same step for any batch. The ONNX file has inputs
+``state`` and ``starts`` after the observation's, and outputs ``action`` and ``next_state`` (an ONNX
+graph names each value once: not ``state`` twice).
+
 The model is built from the run's ``configs/train.yaml`` (``model`` section) and the env's spaces
 (``raysim.envs.make(env.id, 1, **env.kwargs)``); the weights are the checkpoint's
 ``state["model"]`` entries under ``actor.``.
@@ -64,14 +74,18 @@ class DeterministicPolicy(nn.Module):
         self.register_buffer("obs_mean", mean.to(torch.float32).reshape(-1))
         self.register_buffer("obs_std", std.to(torch.float32).reshape(-1))
         if self.discrete:
-            low = high = torch.zeros(0)
+            low, high = torch.zeros(0), torch.zeros(0)  # two tensors: a traced module shares none
         else:
             low, high = actor.action_low.detach().clone(), actor.action_high.detach().clone()
         self.register_buffer("action_low", low)
         self.register_buffer("action_high", high)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.act(self.normalized(obs.to(torch.float32).flatten(1)))
+        return self.act(self.features(obs))
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The network's input: the observation flattened, normalized."""
+        return self.normalized(obs.to(torch.float32).flatten(1))
 
     def normalized(self, x: torch.Tensor) -> torch.Tensor:
         """The vector input normalized by the baked-in statistics (unchanged without them)."""
@@ -99,24 +113,52 @@ class MultiInputPolicy(DeterministicPolicy):
         self.encoders = actor.encoders
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        return self.act(self.features(obs))
+
+    def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        """The network's input: the vector groups concatenated and normalized, then the image features."""
         vectors: list[torch.Tensor] = []
         for group in self.vector_groups:
             vectors.append(obs[group].to(torch.float32).flatten(1))
         parts: list[torch.Tensor] = [self.normalized(torch.cat(vectors, 1))] if len(vectors) > 0 else []
         for name, encoder in self.encoders.items():
             parts.append(encoder(obs[name]))
-        return self.act(torch.cat(parts, 1))
+        return torch.cat(parts, 1)
 
 
-def deterministic_policy(actor: Actor) -> DeterministicPolicy:
-    """The export module of ``actor``: one tensor for one vector group, a dict of groups otherwise."""
-    return DeterministicPolicy(actor) if actor.fusable and len(actor.inputs) == 1 else MultiInputPolicy(actor)
+class RecurrentPolicy(nn.Module):
+    """``(obs, state, starts) -> (action, next_state)``: the feed-forward policy's features, the actor's recurrent
+    core from ``state`` zeroed where ``starts``, then its network and action mapping."""
+
+    def __init__(self, actor: Actor):
+        super().__init__()
+        self.policy = feed_forward_policy(actor)
+        self.core = actor.core
+        self.discrete, self.normalize = self.policy.discrete, self.policy.normalize
+
+    def forward(
+        self, obs: torch.Tensor | dict[str, torch.Tensor], state: torch.Tensor, starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, next_state = self.core(self.policy.features(obs), state.masked_fill(starts.unsqueeze(1), 0.0))
+        return self.policy.act(out), next_state
 
 
-def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
+def deterministic_policy(actor: Actor) -> DeterministicPolicy | RecurrentPolicy:
+    """The export module of ``actor``: one tensor for one vector group, a dict of groups otherwise; with a recurrent
+    core, that input and the rows' ``state`` and ``starts``."""
+    return RecurrentPolicy(actor) if actor.core is not None else feed_forward_policy(actor)
+
+
+def feed_forward_policy(actor: Actor) -> DeterministicPolicy:
+    """The observation-to-action module of ``actor`` without its recurrent core (if any)."""
+    return DeterministicPolicy(actor) if len(actor.inputs) == 1 and not actor.image_groups else MultiInputPolicy(actor)
+
+
+def load_policy(path: str | Path) -> tuple[DeterministicPolicy | RecurrentPolicy, dict[str, Any]]:
     """The deterministic policy of a run directory (newest checkpoint) or a checkpoint directory.
 
-    Returns the module (eval mode, CPU) and a description: env id, spaces, checkpoint, normalization.
+    Returns the module (eval mode, CPU) and a description: env id, spaces, checkpoint, normalization, ``recurrent``
+    (``none``, ``lstm``, ``gru``) and ``state_size`` (0 without a core).
     """
     import raysim.envs
     from raysim.checkpoint import CheckpointError, locate_checkpoint
@@ -149,6 +191,8 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
         "action_space": str(action_space),
         "discrete": policy.discrete,
         "normalized": policy.normalize,
+        "recurrent": config.model.recurrent,
+        "state_size": actor.core.state_size if actor.core is not None else 0,
         "frame_stack": {"k": config.env.frame_stack.k, "groups": list(config.env.frame_stack.groups)},
     }
     return policy, info
@@ -157,8 +201,9 @@ def load_policy(path: str | Path) -> tuple[DeterministicPolicy, dict[str, Any]]:
 def export_policy(path: str | Path, out: str | Path, format: str = "torchscript") -> dict[str, Any]:
     """Write the deterministic policy of ``path`` (run or checkpoint directory) to ``out``.
 
-    ``format``: ``torchscript`` (``torch.jit.load(out)``) or ``onnx`` (input ``obs`` [batch, ...],
-    output ``action``; needs the ``onnx`` package: ``pip install "raysim[export]"``).
+    ``format``: ``torchscript`` (``torch.jit.load(out)``) or ``onnx`` (input ``obs`` [batch, ...] or one per group,
+    then ``state`` and ``starts`` for a recurrent policy; outputs ``action``, then ``next_state``; needs the ``onnx``
+    package: ``pip install "raysim[export]"``).
     Returns the description of the exported policy.
     """
     if format not in FORMATS:
@@ -175,30 +220,41 @@ def export_policy(path: str | Path, out: str | Path, format: str = "torchscript"
     out.parent.mkdir(parents=True, exist_ok=True)
     example = example_input(policy, info)
     names = list(example) if isinstance(example, dict) else ["obs"]
+    outputs = ["action"]
+    if isinstance(policy, RecurrentPolicy):  # two rows, one starting an episode
+        args: tuple[Any, ...] = (example, torch.zeros(2, info["state_size"]), torch.tensor([True, False]))
+        names, outputs = [*names, "state", "starts"], [*outputs, "next_state"]
+    else:
+        args = (example, {}) if isinstance(example, dict) else (example,)  # {}: the dict is an input, not kwargs
     if format == "torchscript":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's notice; the format stays loadable
-            scripted = torch.jit.script(policy)
-            torch.jit.save(scripted, str(out), _extra_files={"raysim.json": json.dumps(info)})
+            with torch.no_grad():
+                module = (
+                    torch.jit.trace(policy, args) if isinstance(policy, RecurrentPolicy) else torch.jit.script(policy)
+                )
+            torch.jit.save(module, str(out), _extra_files={"raysim.json": json.dumps(info)})
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript-based exporter's deprecation notice
             torch.onnx.export(
                 policy,
-                (example, {}) if isinstance(example, dict) else (example,),  # {}: the dict is an input, not kwargs
+                args,
                 str(out),
                 dynamo=False,
                 input_names=names,
-                output_names=["action"],
-                dynamic_axes={**{name: {0: "batch"} for name in names}, "action": {0: "batch"}},
+                output_names=outputs,
+                dynamic_axes={name: {0: "batch"} for name in [*names, *outputs]},
                 opset_version=17,
             )
     return {**info, "format": format, "out": str(out)}
 
 
-def example_input(policy: DeterministicPolicy, info: dict[str, Any]) -> torch.Tensor | dict[str, torch.Tensor]:
+def example_input(
+    policy: DeterministicPolicy | RecurrentPolicy, info: dict[str, Any]
+) -> torch.Tensor | dict[str, torch.Tensor]:
     """Two rows of zeros in the exported module's input form (a tensor, or a dict of groups in their dtypes)."""
-    if not isinstance(policy, MultiInputPolicy):
+    if not isinstance(policy.policy if isinstance(policy, RecurrentPolicy) else policy, MultiInputPolicy):
         return torch.zeros(2, *info["observation_shape"])
     dtypes = {"torch.uint8": torch.uint8, "torch.float32": torch.float32}
     return {

@@ -20,6 +20,7 @@ from raysim.cli import main
 from raysim.config import load_run_config
 from raysim.models.networks import Actor
 from raysim.rollout.inference import inference
+from tests.support.multi_input import tiny_spot_run
 
 SITE_PACKAGES = str(Path(torch.__file__).resolve().parent.parent)
 
@@ -181,3 +182,126 @@ def test_onnx_policy_equals_raysim_actions(runs, name, tmp_path):
 def test_export_errors_are_clear(tmp_path, capsys):
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "p.pt")]) == 2
     assert "neither a run directory" in capsys.readouterr().err
+
+
+RECURRENT_RUNS = {
+    # name: (config, overrides, core, state size): an LSTM on stateless CartPole (discrete), a GRU on Reach
+    # (continuous, obs_norm), a GRU on Spot (a dict of groups: an image and a vector)
+    "cartpole_lstm": ("cartpole_stateless_lstm_ppo", ["algo.update_epochs=2", "model.recurrent_size=16"], "lstm", 32),
+    "reach_gru": (
+        "reach_ppo",
+        [
+            "env.num_envs=8",
+            "algo.num_steps=16",
+            "model.recurrent=gru",
+            "model.recurrent_size=16",
+            "model.obs_norm=true",
+        ],
+        "gru",
+        16,
+    ),
+    "spot_gru": (None, tiny_spot_run("-", "model.recurrent=gru", "model.recurrent_size=8"), "gru", 8),
+}
+
+
+@pytest.fixture(scope="module")
+def recurrent_runs(tmp_path_factory):
+    """Tiny trained recurrent runs (a few PPO iterations, in-process), by name."""
+    root = tmp_path_factory.mktemp("recurrent_runs")
+    out = {}
+    for name, (config, overrides, _, _) in RECURRENT_RUNS.items():
+        cfg = raysim.load_config(
+            config, ["backend=local", "train.total_steps=512", "eval.episodes=0", *overrides, f"run_dir={root / name}"]
+        )
+        out[name] = Path(raysim.Trainer(cfg).train().run_dir)
+    return out
+
+
+#: Rows that start an episode at each step of the loop (all at the first; some in the middle).
+STARTS = [[0, 1, 2, 3, 4], [], [], [1, 3], [], [0], [], [2, 4], []]
+
+
+def episode_loop(run_dir: Path, rows: int = 5):
+    """The actor of ``run_dir`` acting with a ``RowMemory`` over ``STARTS``: per step, the observation batch (the one
+    group's tensor, or a dict of the actor's groups), the starts flags, what raysim acts,
+    ``env_action(deterministic(obs, memory))``, and the state after it."""
+    from raysim.models import RowMemory
+
+    storage, _, state, _ = locate_checkpoint(run_dir)
+    config = load_run_config(storage)
+    env = raysim.envs.make(config.env.id, rows, seed=5, **config.env.kwargs)
+    actor = Actor(env.observation_spaces, env.action_space, config.model)
+    actor.load_state_dict({k[6:]: v for k, v in state["model"].items() if k.startswith("actor.")})
+    memory = RowMemory(actor.core, rows)
+
+    def actor_obs(groups):
+        if len(actor.inputs) == 1:
+            return groups[actor.inputs[0]].clone()
+        return {g: groups[g].clone() for g in actor.inputs}
+
+    obs = actor_obs(env.reset(5))
+    steps = []
+    with inference(actor):
+        for starting in STARTS:
+            starts = torch.zeros(rows, dtype=torch.bool)
+            starts[starting] = True
+            memory.restart(starts)
+            action = actor.env_action(actor.deterministic(obs, memory=memory))
+            steps.append((obs, starts, action, memory.state.clone()))
+            obs = actor_obs(env.step(action).obs)
+    return steps, actor.core.state_size
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("name", list(RECURRENT_RUNS))
+def test_a_recurrent_torchscript_policy_driven_over_episodes_acts_and_remembers_as_the_actor(
+    recurrent_runs, name, tmp_path
+):
+    from raysim.export import export_policy
+
+    out = tmp_path / "policy.pt"
+    info = export_policy(recurrent_runs[name], out, "torchscript")
+    steps, state_size = episode_loop(recurrent_runs[name])
+    assert (info["recurrent"], info["state_size"]) == (*RECURRENT_RUNS[name][2:],) and state_size == info["state_size"]
+    extra = {"raysim.json": ""}
+    policy = torch.jit.load(str(out), _extra_files=extra)
+    assert json.loads(extra["raysim.json"])["state_size"] == state_size
+    rows = len(steps[0][1])  # not the two rows the export was traced with
+    state = torch.zeros(rows, state_size)
+    with torch.no_grad():
+        for obs, starts, expected_action, expected_state in steps:
+            action, state = policy(obs, state, starts)
+            assert action.dtype == expected_action.dtype and action.shape == expected_action.shape
+            assert torch.equal(action, expected_action)  # the actor's own operations on the same batch
+            assert torch.equal(state, expected_state)
+        assert state.abs().sum() > 0
+        # the starts flags matter: without them (the state carried on) the last state differs
+        carried = torch.zeros_like(state)
+        for obs, _, _, _ in steps:
+            _, carried = policy(obs, carried, torch.zeros(rows, dtype=torch.bool))
+        assert not torch.allclose(carried, state)
+
+
+@pytest.mark.parametrize("name", list(RECURRENT_RUNS))
+def test_a_recurrent_onnx_policy_driven_over_episodes_acts_and_remembers_as_the_actor(recurrent_runs, name, tmp_path):
+    pytest.importorskip("onnx", reason="ONNX export needs the onnx package (pip install 'raysim[export]')")
+    ort = pytest.importorskip(
+        "onnxruntime", reason="checking the ONNX file needs onnxruntime (pip install 'raysim[export]')"
+    )
+    out = tmp_path / "policy.onnx"
+    assert main(["export", str(recurrent_runs[name]), "--format", "onnx", "--out", str(out)]) == 0
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    steps, state_size = episode_loop(recurrent_runs[name])
+    groups = list(steps[0][0]) if isinstance(steps[0][0], dict) else ["obs"]
+    assert [i.name for i in session.get_inputs()] == [*groups, "state", "starts"]
+    assert [o.name for o in session.get_outputs()] == ["action", "next_state"]
+    state = np.zeros((len(steps[0][1]), state_size), np.float32)
+    for obs, starts, expected_action, expected_state in steps:
+        feed = {g: v.numpy() for g, v in obs.items()} if isinstance(obs, dict) else {"obs": obs.numpy()}
+        action, state = session.run(["action", "next_state"], {**feed, "state": state, "starts": starts.numpy()})
+        assert action.dtype == expected_action.numpy().dtype and action.shape == tuple(expected_action.shape)
+        if expected_action.dtype == torch.int64:
+            np.testing.assert_array_equal(action, expected_action.numpy())
+        else:  # another runtime's kernels: equal to float32 rounding
+            np.testing.assert_allclose(action, expected_action.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(state, expected_state.numpy(), rtol=1e-5, atol=1e-5)
