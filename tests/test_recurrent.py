@@ -13,11 +13,13 @@ from raysim.algos.decoupled import decouple
 from raysim.algos.epochs import sequences
 from raysim.checkpoint import load_latest
 from raysim.config import ConfigError
+from raysim.envs import make
 from raysim.evaluation import EvalSpec, evaluate_on_shards
 from raysim.models import ActorCritic, ModelConfig, RecurrentCore, RowMemory
 from raysim.rollout import EnvShard
 from raysim.rollout.advantages import sequence_values
 from raysim.rollout.inference import inference
+from raysim.seeding import derive_seed
 from tests.support.multi_input import tiny_spot_run
 from tests.test_evaluation import LAYOUTS, assert_same_evaluation
 from tests.test_resume import RECURRENT as RECURRENT_MODEL
@@ -90,6 +92,25 @@ def test_a_chunk_carries_each_rows_state_before_its_first_step_and_where_episode
     assert torch.equal(twin.rollout(weights, 8).state0, shard.rollout(weights, 8).state0)
     shard.start_fresh(7)
     assert bool(shard.rollout(weights, 8).starts[0].all())
+
+
+def test_the_shard_acts_as_the_actor_with_a_row_memory_does_bitwise():
+    """The shard's fused path (the core, then ``MLPInference``) samples what ``Actor.sample`` with a ``RowMemory``
+    samples, step by step, episode starts included."""
+    model, shard = model_and_shard(rows=5, env_kwargs={"velocities": False, "max_episode_steps": 7}, seed=4)
+    chunk = shard.rollout({"version": 0, "actor": model.actor.state_dict()}, 20)
+    env = make("raysim/CartPole", 5, seed=4, **{"velocities": False, "max_episode_steps": 7})
+    generator, memory = torch.Generator(), RowMemory(model.actor.core, 5)
+    generator.manual_seed(derive_seed(4, 1))
+    obs = env.reset(4)
+    with inference(model):
+        for t in range(20):
+            action, logp = model.actor.sample(obs, generator, memory=memory)
+            assert torch.equal(action, chunk.actions[t]) and torch.equal(logp, chunk.logp[t]), t
+            step = env.step(action)
+            memory.restart(step.done_rows)
+            obs = step.obs
+    assert int(chunk.truncated.sum()) > 0
 
 
 def test_a_row_restarted_after_a_non_finite_value_starts_with_a_zero_state():
