@@ -255,3 +255,16 @@ def test_a_camera_policy_with_a_shared_cnn_an_lstm_and_a_privileged_critic_train
     assert result.env_steps == 256 and result.evaluation.completed == 4
     _, state, _ = load_latest(tmp_path / "run")
     assert state["model"]["critic.net.0.weight"].shape[1] == 16 + 16 + 1  # memory, CNN features, privileged
+
+
+@pytest.mark.slow
+def test_the_packaged_lstm_config_learns_stateless_cartpole_where_the_feed_forward_one_cannot(tmp_path):
+    """Seed 1, 16k env steps each (the rate annealed over them): memory is what tells the pole's motion."""
+    returns = {}
+    for name in ("cartpole_stateless_lstm_ppo", "cartpole_stateless_ppo"):
+        settings = ["backend=local", "train.total_steps=16384", "eval.episodes=20", f"run_dir={tmp_path / name}"]
+        config = raysim.load_config(name, settings)
+        assert config.env.kwargs == {"velocities": False}
+        returns[name] = raysim.Trainer(config).train().evaluation.mean_return
+    lstm, feed_forward = returns["cartpole_stateless_lstm_ppo"], returns["cartpole_stateless_ppo"]
+    assert lstm > 150 and lstm > 3 * feed_forward, returns
