@@ -268,3 +268,15 @@ def test_the_packaged_lstm_config_learns_stateless_cartpole_where_the_feed_forwa
         returns[name] = raysim.Trainer(config).train().evaluation.mean_return
     lstm, feed_forward = returns["cartpole_stateless_lstm_ppo"], returns["cartpole_stateless_ppo"]
     assert lstm > 150 and lstm > 3 * feed_forward, returns
+
+
+def test_a_filmed_evaluation_of_a_recurrent_policy_plays_the_episodes_of_the_unfilmed_one(tmp_path):
+    from tests.test_video import evaluate
+
+    run = tmp_path / "run"
+    raysim.Trainer(raysim.load_config(None, [*RECURRENT, f"run_dir={run}"])).train()
+    args = ("--episodes", "6", "--envs-per-shard", "3")
+    code, filmed = evaluate(run, tmp_path, *args, "--video", str(tmp_path / "out.gif"))
+    assert code == 0 and len(filmed) == 6 and (tmp_path / "out.gif").stat().st_size > 0
+    code, plain = evaluate(run, tmp_path, *args)
+    assert code == 0 and plain == filmed
