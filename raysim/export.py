@@ -139,7 +139,7 @@ class RecurrentPolicy(nn.Module):
     def forward(
         self, obs: torch.Tensor | dict[str, torch.Tensor], state: torch.Tensor, starts: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, next_state = self.core(self.policy.features(obs), state.masked_fill(starts.unsqueeze(1), 0.0))
+        out, next_state = self.core(self.policy.features(obs), state, starts)
         return self.policy.act(out), next_state
 
 

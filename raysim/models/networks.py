@@ -11,6 +11,11 @@ CNN feeds both heads), and ``ActorCritic.evaluate`` runs it once per minibatch f
 names a shared encoder once, under ``actor.encoders.<group>`` (the shards receive it with the actor):
 its ``critic.encoders.<group>`` entries are left out when saving and taken from the actor's when loading.
 
+With ``model.recurrent`` the actor has a recurrent core (``raysim.models.recurrent``) between its features and
+its MLP; the critic's MLP reads the core's output beside its own features (one core for both: the shards,
+which hold only the actor, compute the one state a chunk carries). The learner replays sequences through it
+(``Actor.replay``; ``ActorCritic.evaluate`` with ``sequences``).
+
 The shards hold only the ``Actor``; the learner holds the whole ``ActorCritic``. Both are built
 from the env's spaces and one ``ModelConfig``, so a shard's actor loads the learner's actor weights.
 
@@ -241,11 +246,11 @@ class Actor(GroupInputs):
         features already computed. ``sequences`` (a recurrent actor's): ``obs`` and ``actions`` are sequences
         [rows, T, ...] replayed (``replay``), and the results are at their valid steps (``mask``), flat, row by row."""
         if sequences is None:
-            return self.distribution(self(obs, encoded=encoded), actions)
+            return self.log_prob_entropy_of(self(obs, encoded=encoded), actions)
         valid = sequences["mask"]
-        return self.distribution(self.net(self.replay(obs, sequences, encoded)[valid]), actions[valid])
+        return self.log_prob_entropy_of(self.net(self.replay(obs, sequences, encoded)[valid]), actions[valid])
 
-    def distribution(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob_entropy_of(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of ``actions`` and the entropy under the network's output ``out`` (logits or the mean)."""
         if self.discrete:
             log_probs = out.log_softmax(-1)
@@ -361,7 +366,7 @@ class ActorCritic(nn.Module):
         encoded = {g: self.actor.encoders[g](flat[g]) for g in self.shared_groups}
         valid = sequences["mask"]
         memory = self.actor.replay(obs, sequences, encoded)[valid]
-        logp, entropy = self.actor.distribution(self.actor.net(memory), actions[valid])
+        logp, entropy = self.actor.log_prob_entropy_of(self.actor.net(memory), actions[valid])
         at_valid = valid.flatten()
         value = self.critic(
             {g: v[at_valid] for g, v in flat.items()}, {g: e[at_valid] for g, e in encoded.items()}, memory

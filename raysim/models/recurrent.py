@@ -39,8 +39,12 @@ class RecurrentCore(nn.Module):
             nn.init.zeros_(layer.bias)
         self.state_size = 2 * self.size if kind == "lstm" else self.size
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor, by_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step from ``state`` (already zeroed where an episode starts); ``by_row``: each row computed alone."""
+    def forward(
+        self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None = None, by_row: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step from ``state``, zeroed first where ``starts`` [B] (an episode starts at ``x``); ``by_row``: each row
+        computed alone."""
+        state = state if starts is None else restarted(state, starts)
         return self.cell(linear_by_row(self.input, x) if by_row else self.input(x), state, by_row)
 
     def replay(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +53,7 @@ class RecurrentCore(nn.Module):
         projected = self.input(x)  # the input weights on every step at once
         outputs, states = [], []
         for t in range(x.shape[0]):
-            out, state = self.cell(projected[t], state.masked_fill(starts[t].unsqueeze(1), 0.0))
+            out, state = self.cell(projected[t], restarted(state, starts[t]))
             outputs.append(out)
             states.append(state)
         return torch.stack(outputs), torch.stack(states)
@@ -79,6 +83,11 @@ class RecurrentCore(nn.Module):
         return h, h
 
 
+def restarted(state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """``state`` [B, S] with the rows where ``starts`` [B] (an episode starts) zeroed: the one reset rule."""
+    return state.masked_fill(starts.unsqueeze(1), 0.0)
+
+
 class RowMemory:
     """The recurrent state of a batch of rows (a shard's, an evaluation's): ``state`` [N, S], and ``starting`` [N]:
     the rows whose next observation starts an episode (their state is zeroed before it is read)."""
@@ -89,7 +98,7 @@ class RowMemory:
 
     def advance(self, core: RecurrentCore, x: torch.Tensor, by_row: bool = False) -> torch.Tensor:
         """The core's output for the rows' features ``x``; the rows' state moves on."""
-        out, self.state = core(x, self.state.masked_fill(self.starting.unsqueeze(1), 0.0), by_row)
+        out, self.state = core(x, self.state, self.starting, by_row)
         self.starting.fill_(False)
         return out
 
