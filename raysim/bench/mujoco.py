@@ -10,10 +10,14 @@ native ``reach_ppo``: ``raysim/Reach``), the evaluation's successes k of its n e
 lower end of their Wilson 95% interval too; the peer runs only the configs on Gymnasium ids, and
 MuJoCo is needed only by those. Each finished run is appended to ``results.jsonl`` in
 the output folder as it ends, so a later invocation runs only the runs still missing; the
-training curves go to ``curves/*.csv`` and ``curves.png``, the table to ``table.md`` and stdout.
+training curves go to ``curves/*.csv`` and ``curves.png``, the table to ``table.md`` and stdout. A line
+records the run's overrides (runs with overrides are apart from the packaged ones, and not skipped for
+them), its machine, load and dates (``raysim.bench.results``). ``--table`` trains nothing: it writes the
+docs page of every task in the results, one table over seeds and one curve picture each
+(``raysim.bench.results_page``).
 
 ``raysim bench mujoco`` or ``python benchmarks/locomotion.py`` (``--configs``, ``--seeds``, ``--steps``,
-``--peer-steps``, ``--quick``; needs ``pip install "raysim[mujoco]"``).
+``--peer-steps``, ``--quick``, ``--override``; ``--table [--docs PAGE]``; needs ``pip install "raysim[mujoco]"``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 from pathlib import Path
 
 from raysim.bench.peers import MISSING, peer_module
+from raysim.bench.results import load, machine, now, overrides, read_results, run_key, run_name, settings_label
 from raysim.evaluation import wilson
 
 PEERS = ("raysim", "cleanrl")
@@ -35,7 +40,7 @@ CONFIGS = ("halfcheetah_ppo", "hopper_ppo")
 SMOOTH = 10  # the plotted curves: running mean of this many curve rows
 LAST_EPISODES = 10  # CleanRL's measure: the mean training return of the last episodes
 # CleanRL ppo_continuous_action.py, 1M steps, MuJoCo v4: mean +- std over its benchmark seeds
-ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d": (2288.0, 571.8)}
+ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d": (2287.9, 571.8)}
 SB3_ZOO = {"HalfCheetah": 3100.0, "Hopper": 3500.0}  # SB3 PPO with RL Zoo's tuned settings, about
 
 
@@ -98,6 +103,7 @@ def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: a
         "eval_returns": returns,
         "eval_successes": rate.numerator if rate is not None else None,
         "layout": f"{config.shards.count} shard(s) x {config.env.num_envs} env(s) x {config.algo.num_steps} steps",
+        "max_policy_lag": config.algo.max_policy_lag,
     }, curve
 
 
@@ -119,9 +125,13 @@ RUNNERS = {"raysim": train_raysim, "cleanrl": train_cleanrl}
 
 def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.Namespace) -> dict:
     """Train one run, write its curve, and return its result line (``eval_success_lower``: the lower end
-    of the Wilson 95% interval of the evaluation's successes, None where the task defines no success)."""
-    name = f"{peer}-{config_name}-s{seed}-{steps}"
+    of the Wilson 95% interval of the evaluation's successes, None where the task defines no success;
+    ``overrides``: raysim's config overrides, none for the peer, which runs its own settings)."""
+    settings = tuple(args.override) if peer == "raysim" else ()
+    name = run_name(peer, config_name, seed, steps, settings)
+    started, load_start = now(), load()
     result, curve = RUNNERS[peer](config_name, seed, steps, args.out / "runs" / name, args)
+    finished, load_end = now(), load()
     curves = args.out / "curves"
     curves.mkdir(parents=True, exist_ok=True)
     with open(curves / f"{name}.csv", "w", newline="") as f:
@@ -136,6 +146,7 @@ def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.N
         "env": env_of(config_name),
         "seed": seed,
         "steps": steps,
+        "overrides": list(settings),
         **result,
         "training_return": last_episodes_return(curve),
         "eval_mean": statistics.fmean(evals) if evals else None,
@@ -143,13 +154,12 @@ def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.N
         "eval_episodes": len(evals),
         "eval_success_lower": wilson(successes, len(evals))[0] if successes is not None and evals else None,
         "curve": f"curves/{name}.csv",
+        **machine(),
+        "started": started,
+        "finished": finished,
+        "load_start": load_start,
+        "load_end": load_end,
     }
-
-
-def read_results(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def mean_std(values: list[float]) -> str:
@@ -171,7 +181,7 @@ def successes(rows: list[dict]) -> str:
 
 
 def table(results: list[dict]) -> str:
-    """The markdown table: one row per (config, budget, peer), the anchors, and raysim/peer ratios."""
+    """The markdown table: one row per (env, budget, peer, overrides), the anchors, and raysim/peer ratios."""
     lines = [
         "| env | budget | peer | seeds | training return (last 10 episodes) | deterministic eval (mean return) "
         "| eval success k/n (Wilson 95% lower) | training s | layout |",
@@ -179,11 +189,12 @@ def table(results: list[dict]) -> str:
     ]
     groups: dict[tuple, list[dict]] = {}
     for r in results:
-        groups.setdefault((r["env"], r["steps"], r["peer"]), []).append(r)
-    for (env, steps, peer), rows in sorted(groups.items()):
+        groups.setdefault((r["env"], r["steps"], r["peer"], overrides(r)), []).append(r)
+    for (env, steps, peer, settings), rows in sorted(groups.items()):
         seeds = ",".join(str(r["seed"]) for r in sorted(rows, key=lambda r: r["seed"]))
+        name = f"{peer}, {settings_label(peer, settings)}" if settings else peer
         lines.append(
-            f"| {env} | {steps:,} | {peer} | {seeds} | {mean_std([r['training_return'] for r in rows])} "
+            f"| {env} | {steps:,} | {name} | {seeds} | {mean_std([r['training_return'] for r in rows])} "
             f"| {mean_std([r['eval_mean'] for r in rows])} | {successes(rows)} "
             f"| {mean_std([r['train_seconds'] for r in rows])} "
             f"| {rows[0]['layout']} |"
@@ -206,8 +217,8 @@ def ratios(groups: dict[tuple, list[dict]]) -> str:
     """raysim against cleanrl, same env and budget: training seconds per env step (the two round the budget
     to whole iterations differently) and training return, means over seeds."""
     lines = []
-    for (env, steps, peer), rows in sorted(groups.items()):
-        peers = groups.get((env, steps, "cleanrl"))
+    for (env, steps, peer, settings), rows in sorted(groups.items()):
+        peers = groups.get((env, steps, "cleanrl", ()))
         if peer != "raysim" or not peers:
             continue
 
@@ -216,7 +227,8 @@ def ratios(groups: dict[tuple, list[dict]]) -> str:
 
         per_step = [statistics.fmean(r["train_seconds"] / r["env_steps"] for r in group) for group in (rows, peers)]
         ratio = per_step[0] / per_step[1]
-        line = f"- {env}, {steps:,} steps: raysim / CleanRL-style training seconds per env step {ratio:.2f}x"
+        name = f"raysim ({settings_label(peer, settings)})" if settings else "raysim"
+        line = f"- {env}, {steps:,} steps: {name} / CleanRL-style training seconds per env step {ratio:.2f}x"
         if None not in [r["training_return"] for r in rows + peers]:
             ours, theirs = mean("training_return", rows), mean("training_return", peers)
             ratio = f" ({ours / theirs:.2f}x)" if ours > 0 and theirs > 0 else ""
@@ -263,7 +275,9 @@ def plot(results: list[dict], out: Path) -> Path:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="raysim bench mujoco", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="packaged configs or YAML files")
+    parser.add_argument(
+        "--configs", nargs="+", help=f"packaged configs or YAML files (default: {' '.join(CONFIGS)}; --table: all)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=1_000_000, help="env steps of each raysim run")
     parser.add_argument("--peer-steps", type=int, default=None, help="env steps of each peer run (default: --steps)")
@@ -277,15 +291,44 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--override", action="append", default=[], help="raysim config override (key=value), repeatable"
     )
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="train nothing: write the docs page of the results (--docs) and its pictures",
+    )
+    parser.add_argument("--docs", type=Path, default=Path("docs/results.md"), help="the page --table writes")
     args = parser.parse_args(argv)
     if args.quick:
         args.configs, args.seeds, args.steps, args.peer_steps = ["halfcheetah_ppo"], [1], 20_480, 20_480
     args.peer_steps = args.peer_steps or args.steps
+    if args.configs is None and not args.table:
+        args.configs = list(CONFIGS)
     return args
+
+
+def write_table(args: argparse.Namespace) -> int:
+    """``--table``: the docs page and its pictures from ``results.jsonl`` (every config, or ``--configs``)."""
+    from raysim.bench.results_page import write_page
+
+    path = args.out / "results.jsonl"
+    results = [r for r in read_results(path) if args.configs is None or r["config"] in args.configs]
+    if not results:
+        print(
+            f"raysim bench mujoco: no results in {path} (run raysim bench mujoco first, or give --out)", file=sys.stderr
+        )
+        return 2
+    written = write_page(results, args.out, args.docs)
+    tasks = len({r["config"] for r in results})
+    print(f"{written[0]}: {tasks} task(s), {len(results)} run(s) from {path}")
+    for picture in written[1:]:
+        print(f"{picture}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.table:
+        return write_table(args)
     from raysim.composition import ConfigError
 
     try:
@@ -299,12 +342,15 @@ def main(argv: list[str] | None = None) -> int:
     peers = [p for p in args.peers if p != "cleanrl" or peer_module("cleanrl_ppo_continuous") is not None]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.jsonl"
-    done = {(r["peer"], r["config"], r["seed"], r["steps"]) for r in read_results(path)}
+    done = {run_key(r) for r in read_results(path)}
     for config_name in args.configs:
         for seed in args.seeds:
             for peer in peers:
                 steps = args.steps if peer == "raysim" else args.peer_steps
-                if (peer, config_name, seed, steps) in done or (peer == "cleanrl" and config_name not in gymnasium):
+                settings = tuple(args.override) if peer == "raysim" else ()
+                if (peer, config_name, seed, steps, settings) in done or (
+                    peer == "cleanrl" and config_name not in gymnasium
+                ):
                     continue
                 result = run_one(peer, config_name, seed, steps, args)
                 with open(path, "a") as f:  # each finished run at once: a later invocation skips it

@@ -1,0 +1,68 @@
+"""The ``results.jsonl`` of ``raysim bench mujoco``: one line per finished run, and how lines are grouped.
+
+A line names its run (peer, config, seed, steps and ``overrides``, the config overrides beyond the
+packaged settings), its measures (and raysim's ``max_policy_lag``), and where and when it ran (``host``,
+``cpus``, ``started`` and ``finished`` in UTC, ``load_start`` and ``load_end``: ``os.getloadavg()``), so
+a table can say on what machine, how loaded, and when. Lines written before a field existed read as
+lacking it: no overrides (the packaged settings), machine and dates unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+PACKAGED = "packaged"  # the label of the runs without overrides
+LOCKSTEP = ("algo.max_policy_lag=0",)  # the overrides of a lockstep run of an overlapped config
+
+
+def read_results(path: Path) -> list[dict]:
+    """Every line of ``path`` (none when it does not exist)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def overrides(row: dict) -> tuple[str, ...]:
+    """The run's config overrides beyond the packaged settings (none for lines older than the field)."""
+    return tuple(row.get("overrides") or ())
+
+
+def run_key(row: dict) -> tuple:
+    """What makes two lines the same run: a later invocation skips a run whose key is in the results."""
+    return row["peer"], row["config"], row["seed"], row["steps"], overrides(row)
+
+
+def settings_label(peer: str, settings: tuple[str, ...]) -> str:
+    """How a table names a group's settings: ``packaged``, its overrides, or the peer's name."""
+    if peer != "raysim":
+        return f"{peer} (its own settings)"
+    return ", ".join(f"`{o}`" for o in settings) if settings else PACKAGED
+
+
+def run_name(peer: str, config_name: str, seed: int, steps: int, settings: tuple[str, ...]) -> str:
+    """The run's folder and curve name; overrides mark it off from the packaged run (``...-algo.max_policy_lag=0``)."""
+    name = f"{peer}-{config_name}-s{seed}-{steps}"
+    return "-".join([name, *(re.sub(r"[^\w.=-]", "_", o) for o in settings)])
+
+
+def now() -> str:
+    """The current UTC time, to the second (ISO 8601)."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the platform has none)."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine() -> dict:
+    """Where a run ran: host name and CPU count."""
+    return {"host": platform.node(), "cpus": os.cpu_count()}

@@ -1,0 +1,242 @@
+"""The results docs page (``raysim bench mujoco --table``): per task one table over seeds and one curve picture.
+
+Each task (config) gets one table: a row per seed of each group (peer, settings, budget; runs with
+overrides apart from the packaged ones) and the group's mean +- std over seeds, CleanRL's published
+anchor beside it; the date, machine and load of its runs once; where the results hold an overlapped
+config (packaged, ``algo.max_policy_lag`` > 0) and its lockstep runs (``algo.max_policy_lag=0``), the
+difference of means with its Welch 95% interval; and a picture ``<page>-<config>.png`` beside the page:
+each group's training return, mean line and min-max band over seeds.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from raysim.bench.mujoco import ANCHORS, LAST_EPISODES, SB3_ZOO, SMOOTH, mean_std, smoothed
+from raysim.bench.results import LOCKSTEP, PACKAGED, overrides, settings_label
+from raysim.bench.welch import welch
+from raysim.evaluation import wilson
+
+HEADER = (
+    "| settings | budget | seed | training return (last 10 episodes) | deterministic eval (mean return) "
+    "| eval success k/n (Wilson 95% lower) | training s |\n|---|---|---|---|---|---|---|"
+)
+GRID = 200  # points of the band's common env-step grid
+
+
+def write_page(results: list[dict], out: Path, page: Path) -> list[Path]:
+    """Write the page and its pictures (curves read from the results folder ``out``); the paths written."""
+    page.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    sections = []
+    for config_name in sorted({r["config"] for r in results}):
+        rows = [r for r in results if r["config"] == config_name]
+        picture = page.with_name(f"{page.stem}-{config_name}.png")
+        if draw_bands(config_name, rows, out, picture):
+            written.append(picture)
+        sections.append(task_section(config_name, rows, picture.name if picture in written else None))
+    source = out / "results.jsonl"
+    page.write_text(
+        "# Results over seeds\n\n"
+        f"Written by `raysim bench mujoco --table` from `{source}` (do not edit by hand). Per task, each seed's "
+        f"CleanRL measure (the mean return of the last {LAST_EPISODES} training episodes), the deterministic "
+        "evaluation of the final policy, and the training seconds (start-up and evaluation excluded); each group "
+        "(peer, settings, budget) ends with its mean +- std over seeds (sample std). The anchors are CleanRL's "
+        "published `ppo_continuous_action.py` figures at 1M env steps on the MuJoCo v4 envs; raysim's runs use "
+        "v5, with the same dynamics and rewards.\n\n" + "\n".join(sections)
+    )
+    return [page, *written]
+
+
+def task_section(config_name: str, rows: list[dict], picture: str | None) -> str:
+    """The task's heading, the note on its runs, its table, the overlap-vs-lockstep line, its picture."""
+    env = rows[0]["env"]
+    lines = [f"## {config_name} ({env})", "", provenance(rows), "", HEADER]
+    for key, group in groups(rows).items():
+        peer, settings, steps = key
+        label = settings_label(peer, settings)
+        for r in sorted(group, key=lambda r: r["seed"]):
+            lines.append(
+                f"| {label} | {steps:,} | {r['seed']} | {number(r.get('training_return'))} "
+                f"| {number(r.get('eval_mean'))} | {success(r)} | {number(r.get('train_seconds'))} |"
+            )
+        training, evaluation, seconds = (
+            [r.get(k) for r in group] for k in ("training_return", "eval_mean", "train_seconds")
+        )
+        seeds = f"{len(group)} seed{'s' if len(group) > 1 else ''}"
+        lines.append(
+            f"| {label} | {steps:,} | **mean +- std ({seeds})** | {over_seeds(training)} "
+            f"| {over_seeds(evaluation)} | {pooled_success(group)} | {over_seeds(seconds)} |"
+        )
+    lines.extend(anchor_rows(env))
+    lines.append("")
+    lines.extend(overlap_lines(rows))
+    if picture:
+        lines.extend([f"![{config_name}: training return over seeds, mean and min-max band]({picture})", ""])
+    return "\n".join(lines)
+
+
+def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows by (peer, settings, budget): raysim's packaged runs first, then its overrides, then the peers."""
+    found: dict[tuple, list[dict]] = {}
+    for r in rows:
+        found.setdefault((r["peer"], overrides(r), r["steps"]), []).append(r)
+    return dict(sorted(found.items(), key=lambda item: (item[0][0] != "raysim", item[0][0], item[0][1], item[0][2])))
+
+
+def provenance(rows: list[dict]) -> str:
+    """Once per table: when the runs finished, on what machine, and the 1-minute load average around them."""
+    days = sorted({r["finished"][:10] for r in rows if r.get("finished")})
+    when = (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}") if days else "not recorded"
+    hosts = sorted({f"{r['host']} ({r['cpus']} CPUs)" for r in rows if r.get("host")})
+    load = [r for r in rows if r.get("load_start") and r.get("load_end")]
+    if load:
+        start = [r["load_start"][0] for r in load]
+        end = [r["load_end"][0] for r in load]
+        busy = f"1-minute load average at run start {min(start):.2f}-{max(start):.2f}"
+        busy += f", at end {min(end):.2f}-{max(end):.2f}"
+    else:
+        busy = "load not recorded"
+    missing = len(rows) - len(load)
+    if load and missing:
+        busy += f" ({missing} of {len(rows)} runs recorded none)"
+    return f"Runs finished: {when}. Machine: {', '.join(hosts) or 'not recorded'}. Load: {busy}."
+
+
+def over_seeds(values: list[float | None]) -> str:
+    """``mean +- std`` over the seeds (sample std); the value alone for one seed, whose spread is unknown."""
+    values = [v for v in values if v is not None]
+    return number(values[0]) if len(values) == 1 else mean_std(values)
+
+
+def number(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def success(row: dict) -> str:
+    """``k/n (Wilson 95% lower end)``, or "-" where the task defines no success."""
+    if row.get("eval_successes") is None:
+        return "-"
+    return f"{row['eval_successes']}/{row['eval_episodes']} ({row['eval_success_lower']:.3f})"
+
+
+def pooled_success(group: list[dict]) -> str:
+    """The seeds' successes pooled ``K/N (Wilson 95% lower)`` and the lowest seed's lower end."""
+    scored = [r for r in group if r.get("eval_successes") is not None]
+    if not scored:
+        return "-"
+    k, n = sum(r["eval_successes"] for r in scored), sum(r["eval_episodes"] for r in scored)
+    lowest = min(r["eval_success_lower"] for r in scored)
+    return f"{k}/{n} ({wilson(k, n)[0]:.3f}); lowest seed {lowest:.3f}"
+
+
+def anchor_rows(env: str) -> list[str]:
+    """The published figures for the env, as table rows (none for tasks without any)."""
+    base = env.split("-")[0]
+    rows = []
+    if base in ANCHORS:
+        mean, std = ANCHORS[base]
+        rows.append(f"| CleanRL, published (v4) | 1,000,000 | - | {mean:,.1f} +- {std:,.1f} | - | - | - |")
+    if base in SB3_ZOO:
+        rows.append(f"| SB3 + RL Zoo, published (about) | 1,000,000 | - | {SB3_ZOO[base]:,.0f} | - | - | - |")
+    return rows
+
+
+def overlap_lines(rows: list[dict]) -> list[str]:
+    """Overlapped (packaged, ``max_policy_lag`` > 0) minus lockstep (``algo.max_policy_lag=0``) at each budget
+    both hold: the difference of means of each measure with its Welch 95% interval."""
+    lines = []
+    for steps in sorted({r["steps"] for r in rows}):
+        overlapped = [
+            r for r in rows if r["peer"] == "raysim" and r["steps"] == steps and not overrides(r) and policy_lag(r) > 0
+        ]
+        lockstep = [r for r in rows if r["peer"] == "raysim" and r["steps"] == steps and overrides(r) == LOCKSTEP]
+        if not overlapped or not lockstep:
+            continue
+        lags = ", ".join(str(lag) for lag in sorted({policy_lag(r) for r in overlapped}))
+        head = f"Overlapped ({PACKAGED}, `algo.max_policy_lag` {lags}) - lockstep (`{LOCKSTEP[0]}`), {steps:,} steps"
+        if len(overlapped) < 2 or len(lockstep) < 2:
+            lines += [f"{head}: Welch's interval needs two seeds of each ({len(overlapped)} and {len(lockstep)}).", ""]
+            continue
+        parts = []
+        for key, name in (("training_return", "training return"), ("eval_mean", "deterministic eval")):
+            a, b = [r.get(key) for r in overlapped], [r.get(key) for r in lockstep]
+            if None in a or None in b:
+                continue
+            d = welch(a, b)
+            ratio = (
+                f", overlapped mean {100 * (statistics.fmean(a) / statistics.fmean(b) - 1):+.1f}% against lockstep's"
+            )
+            parts.append(
+                f"{name} {d.difference:+,.1f} (95% Welch interval {d.low:+,.1f} to {d.high:+,.1f}, {d.dof:.1f} dof"
+                f"{ratio if statistics.fmean(b) > 0 else ''})"
+            )
+        lines += [f"{head}, {len(overlapped)} vs {len(lockstep)} seeds: " + "; ".join(parts) + ".", ""]
+    return lines
+
+
+def policy_lag(row: dict) -> int:
+    """The run's ``algo.max_policy_lag``: as recorded, else the packaged config's today (older lines)."""
+    if row.get("max_policy_lag") is not None:
+        return int(row["max_policy_lag"])
+    import raysim
+    from raysim.composition import ConfigError
+
+    try:
+        return raysim.load_config(row["config"], list(overrides(row))).algo.max_policy_lag
+    except ConfigError:
+        return 0
+
+
+def read_curve(out: Path, row: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """A run's training curve (env steps, return smoothed over ``SMOOTH`` rows); None where its file is gone."""
+    path = out / row["curve"]
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    x = np.array([float(r["env_steps"]) for r in rows])
+    return x, np.array(smoothed([float(r["episode_return"]) for r in rows]))
+
+
+def draw_bands(config_name: str, rows: list[dict], out: Path, path: Path) -> bool:
+    """One picture for the task: per group, the mean over seeds and its min-max band on a common env-step grid
+    (where every seed's curve has points); whether there was a curve to draw."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.5), dpi=80, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    drawn = False
+    for color, ((peer, settings, steps), group) in enumerate(groups(rows).items()):
+        curves = [c for c in (read_curve(out, r) for r in group) if c is not None]
+        if not curves:
+            continue
+        start, end = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
+        grid = np.linspace(start, end, GRID) if end > start else np.array([end])
+        ys = np.stack([np.interp(grid, x, y) for x, y in curves])
+        label = f"{settings_label(peer, settings).replace('`', '')}, {steps:,} steps ({len(curves)} seeds)"
+        axes.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=f"C{color}", alpha=0.2)
+        axes.plot(grid, ys.mean(axis=0), color=f"C{color}", lw=2, label=f"{label}: mean, min-max band")
+        drawn = True
+    if not drawn:
+        return False
+    base = rows[0]["env"].split("-")[0]
+    if base in ANCHORS:
+        axes.axhline(ANCHORS[base][0], color="grey", linestyle="--", label="CleanRL published, 1M (v4)")
+    axes.set(
+        title=f"{config_name} ({rows[0]['env']})",
+        xlabel="env steps",
+        ylabel=f"training episode return (mean of {SMOOTH} rows)",
+    )
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.savefig(path)
+    return True

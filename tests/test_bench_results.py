@@ -1,0 +1,202 @@
+"""``raysim bench mujoco --table``: the docs page of results.jsonl, and what a results line records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from raysim.bench import mujoco
+from raysim.bench.results import read_results, run_name
+from raysim.bench.welch import t_cdf, t_quantile, welch
+
+WHEN = {"host": "box", "cpus": 2, "started": "2026-12-01T10:00:00+00:00"}
+
+
+def line(config: str, env: str, seed: int, training: float, **fields) -> dict:
+    """A results line as ``run_one`` writes it, with its curve name (the curve itself is written by ``curve``)."""
+    settings = fields.pop("overrides", [])
+    name = run_name("raysim", config, seed, 1_000_000, tuple(settings))
+    return {
+        "peer": "raysim", "config": config, "env": env, "seed": seed, "steps": 1_000_000, "overrides": settings,
+        "env_steps": 1_000_000, "train_seconds": 300.0 + seed, "layout": "-", "training_return": training,
+        "eval_mean": training + 100.0, "eval_std": 5.0, "eval_episodes": 20, "eval_successes": None,
+        "eval_success_lower": None, "curve": f"curves/{name}.csv", **fields,
+    }  # fmt: skip
+
+
+def curve(out: Path, row: dict, end: float) -> None:
+    """A tiny training curve rising to ``end``."""
+    path = out / row["curve"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = "".join(f"{step},{end * step / 4000:.1f},2\n" for step in (1000, 2000, 3000, 4000))
+    path.write_text("env_steps,episode_return,episodes\n" + rows)
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    """Hopper overlapped (2,000 / 2,400 / 2,800) and lockstep (2,600 / 3,000 / 3,400) over three seeds,
+    Reach with successes over two, and one HalfCheetah line as written before lines recorded overrides."""
+    out = tmp_path / "bench"
+    rows = []
+    for seed, (ours, lockstep) in enumerate(((2000.0, 2600.0), (2400.0, 3000.0), (2800.0, 3400.0)), start=1):
+        load = {"load_start": [0.5 * seed, 1.0, 1.0], "load_end": [1.0 + seed, 1.0, 1.0]}
+        finished = {"finished": f"2026-12-0{seed}T11:00:00+00:00"}
+        rows.append(line("hopper_ppo", "Hopper-v5", seed, ours, max_policy_lag=1, **WHEN, **load, **finished))
+        rows.append(
+            line("hopper_ppo", "Hopper-v5", seed, lockstep, overrides=["algo.max_policy_lag=0"], max_policy_lag=0,
+                 **WHEN, **load, **finished)
+        )  # fmt: skip
+    for seed, k in ((1, 394), (2, 398)):
+        rows.append(
+            line("reach_ppo", "raysim/Reach", seed, -1.0, eval_episodes=400, eval_successes=k,
+                 eval_success_lower=mujoco.wilson(k, 400)[0], max_policy_lag=1, **WHEN)
+        )  # fmt: skip
+    old = line("halfcheetah_ppo", "HalfCheetah-v5", 1, 1700.0)
+    del old["overrides"]
+    rows.append(old)
+    for row in rows:
+        curve(out, row, row["training_return"])
+    (out / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return out
+
+
+def sections(page: str) -> dict[str, str]:
+    """The page's task sections by heading (``## hopper_ppo (Hopper-v5)`` -> ``hopper_ppo``)."""
+    parts = re.split(r"^## ", page, flags=re.M)[1:]
+    return {part.split()[0]: part for part in parts}
+
+
+def test_table_writes_one_table_per_task_with_the_mean_and_std_over_seeds(results, tmp_path, capsys):
+    docs = tmp_path / "docs" / "results.md"
+    assert mujoco.main(["--table", "--out", str(results), "--docs", str(docs)]) == 0
+    page = docs.read_text()
+    tasks = sections(page)
+    assert sorted(tasks) == ["halfcheetah_ppo", "hopper_ppo", "reach_ppo"]
+    for text in tasks.values():
+        assert text.count("| settings | budget | seed |") == 1  # one table per task
+    hopper = tasks["hopper_ppo"]
+    assert "| packaged | 1,000,000 | 2 | 2,400.0 | 2,500.0 | - | 302.0 |" in hopper
+    assert "| packaged | 1,000,000 | **mean +- std (3 seeds)** | 2,400.0 +- 400.0 | 2,500.0 +- 400.0 | - |" in hopper
+    lockstep = "| `algo.max_policy_lag=0` | 1,000,000 | **mean +- std (3 seeds)** | 3,000.0 +- 400.0 |"
+    assert lockstep in hopper  # the override's runs are apart from the packaged ones
+    assert hopper.index("| packaged |") < hopper.index("| `algo.max_policy_lag=0` |")
+    assert "| CleanRL, published (v4) | 1,000,000 | - | 2,382.9 +- 271.7 |" in hopper
+    assert "v5, with the same dynamics and rewards" in page
+    cheetah = tasks["halfcheetah_ppo"]
+    assert "| packaged | 1,000,000 | 1 | 1,700.0 |" in cheetah  # a line older than the overrides field
+    assert "| packaged | 1,000,000 | **mean +- std (1 seed)** | 1,700.0 | 1,800.0 | - | 301.0 |" in cheetah
+    assert "| CleanRL, published (v4) | 1,000,000 | - | 1,442.6 +- 46.0 |" in cheetah
+    assert "Runs finished: not recorded. Machine: not recorded. Load: load not recorded." in cheetah
+    assert "published" not in tasks["reach_ppo"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{docs}: 3 task(s), 9 run(s) from {results / 'results.jsonl'}"
+
+
+def test_table_notes_the_date_machine_and_load_once_per_table(results, tmp_path):
+    docs = tmp_path / "results.md"
+    assert mujoco.main(["--table", "--out", str(results), "--docs", str(docs)]) == 0
+    hopper = sections(docs.read_text())["hopper_ppo"]
+    note = (
+        "Runs finished: 2026-12-01 to 2026-12-03. Machine: box (2 CPUs). Load: 1-minute load average at run "
+        "start 0.50-1.50, at end 2.00-4.00."
+    )
+    assert hopper.count("Runs finished:") == 1 and note in hopper
+
+
+def test_table_gives_overlap_minus_lockstep_with_its_welch_interval(results, tmp_path):
+    """Equal variances over 3 and 3 seeds: 4 degrees of freedom, t(0.975, 4) = 2.776445 from the t table;
+    se = sqrt(2 * 400**2 / 3) = 326.599, so -600 +- 906.785."""
+    docs = tmp_path / "results.md"
+    assert mujoco.main(["--table", "--out", str(results), "--docs", str(docs)]) == 0
+    hopper = sections(docs.read_text())["hopper_ppo"]
+    half = 2.776445 * math.sqrt(2 * 400.0**2 / 3)
+    expected = f"training return -600.0 (95% Welch interval {-600 - half:+,.1f} to {-600 + half:+,.1f}, 4.0 dof"
+    assert expected == "training return -600.0 (95% Welch interval -1,506.8 to +306.8, 4.0 dof"
+    assert "Overlapped (packaged, `algo.max_policy_lag` 1) - lockstep (`algo.max_policy_lag=0`)" in hopper
+    assert expected + ", overlapped mean -20.0% against lockstep's)" in hopper
+    assert "deterministic eval -600.0" in hopper
+    assert "Welch" not in sections(docs.read_text())["reach_ppo"]  # no lockstep runs there
+
+
+def test_table_pools_the_successes_where_the_task_defines_them(results, tmp_path):
+    docs = tmp_path / "results.md"
+    assert mujoco.main(["--table", "--out", str(results), "--docs", str(docs)]) == 0
+    reach = sections(docs.read_text())["reach_ppo"]
+    assert "| packaged | 1,000,000 | 1 | -1.0 | 99.0 | 394/400 (0.968) |" in reach
+    pooled = f"792/800 ({mujoco.wilson(792, 800)[0]:.3f}); lowest seed {mujoco.wilson(394, 400)[0]:.3f}"
+    assert f"| {pooled} |" in reach
+
+
+def test_table_draws_one_picture_per_task_beside_the_page(results, tmp_path, capsys):
+    docs = tmp_path / "docs" / "results.md"
+    assert mujoco.main(["--table", "--out", str(results), "--docs", str(docs)]) == 0
+    page = docs.read_text()
+    for task in ("halfcheetah_ppo", "hopper_ppo", "reach_ppo"):
+        picture = docs.parent / f"results-{task}.png"
+        assert picture.read_bytes()[:4] == b"\x89PNG" and f"]({picture.name})" in sections(page)[task]
+    assert sorted(capsys.readouterr().out.splitlines()[1:]) == sorted(
+        str(docs.parent / f"results-{task}.png") for task in ("halfcheetah_ppo", "hopper_ppo", "reach_ppo")
+    )
+
+
+def test_table_without_results_says_so_in_one_line(tmp_path, capsys):
+    from raysim.cli import main
+
+    assert main(["bench", "mujoco", "--table", "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no results in" in err[0] and "results.jsonl" in err[0]
+
+
+def test_t_quantile_matches_the_t_table_and_inverts_the_cdf():
+    for dof, value in ((1, 12.706205), (2, 4.302653), (4, 2.776445), (10, 2.228139), (30, 2.042272)):
+        assert t_quantile(0.975, dof) == pytest.approx(value, abs=1e-6)
+    assert t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)  # the normal's
+    assert t_quantile(0.025, 4) == pytest.approx(-2.776445, abs=1e-6)
+    assert t_cdf(t_quantile(0.9, 3.37), 3.37) == pytest.approx(0.9, abs=1e-10)  # Welch's dof are fractional
+
+
+def test_welch_uses_the_welch_satterthwaite_degrees_of_freedom():
+    """var(a)/5 = 0.5 and var(b)/6 = 14/6: dof = (0.5 + 7/3)**2 / (0.5**2/4 + (7/3)**2/5) = 6.9723."""
+    d = welch([1, 2, 3, 4, 5], [2, 4, 6, 8, 10, 12])
+    assert d.difference == -4.0 and d.dof == pytest.approx((0.5 + 7 / 3) ** 2 / (0.5**2 / 4 + (7 / 3) ** 2 / 5))
+    half = t_quantile(0.975, d.dof) * math.sqrt(0.5 + 7 / 3)
+    assert (d.low, d.high) == pytest.approx((-4.0 - half, -4.0 + half))
+
+
+def test_a_run_line_records_its_overrides_machine_load_and_dates(tmp_path, monkeypatch):
+    def fake(config_name, seed, steps, run_dir, args):
+        result = {"env_steps": steps, "train_seconds": 1.0, "eval_returns": [1.0], "eval_successes": 1}
+        return {**result, "layout": "-", "max_policy_lag": 0}, [(steps, 1.0, 1)]
+
+    monkeypatch.setitem(mujoco.RUNNERS, "raysim", fake)
+    args = argparse.Namespace(out=tmp_path, override=["algo.max_policy_lag=0"])
+    row = mujoco.run_one("raysim", "reach_ppo", 3, 64, args)
+    assert row["overrides"] == ["algo.max_policy_lag=0"] and row["max_policy_lag"] == 0
+    assert row["curve"] == "curves/raysim-reach_ppo-s3-64-algo.max_policy_lag=0.csv"
+    assert (tmp_path / row["curve"]).is_file()
+    assert row["host"] and row["cpus"] >= 1 and row["started"] <= row["finished"]
+    assert len(row["load_start"]) == 3 and len(row["load_end"]) == 3
+
+
+def test_a_run_with_overrides_is_not_skipped_for_the_packaged_one(tmp_path, monkeypatch, capsys):
+    trained = []
+
+    def fake_run_one(peer, config_name, seed, steps, args):
+        trained.append((config_name, seed, tuple(args.override)))
+        row = line(config_name, "raysim/Reach", seed, 1.0, overrides=list(args.override))
+        curve(tmp_path, row, 1.0)
+        return row
+
+    monkeypatch.setattr(mujoco, "run_one", fake_run_one)
+    argv = ["--configs", "reach_ppo", "--seeds", "1", "--steps", "1000000", "--peers", "raysim", "--out", str(tmp_path)]
+    assert mujoco.main(argv) == 0 and mujoco.main(argv) == 0  # the second finds it done
+    lockstep = [*argv, "--override", "algo.max_policy_lag=0"]
+    assert mujoco.main(lockstep) == 0 and mujoco.main(lockstep) == 0
+    assert trained == [("reach_ppo", 1, ()), ("reach_ppo", 1, ("algo.max_policy_lag=0",))]
+    assert len(read_results(tmp_path / "results.jsonl")) == 2
+    assert "| raysim/Reach | 1,000,000 | raysim, `algo.max_policy_lag=0` | 1 |" in capsys.readouterr().out
