@@ -158,12 +158,17 @@ def test_export_bakes_in_the_actors_observation_normalization(runs, tmp_path):
     assert not plain_info["normalized"]
 
 
-@pytest.mark.parametrize("name", ["cartpole", "reach_squash"])
-def test_onnx_policy_equals_raysim_actions(runs, name, tmp_path):
+def onnx_runtime():
+    """onnxruntime, or the test skipped naming what to install (the export needs onnx, the check onnxruntime)."""
     pytest.importorskip("onnx", reason="ONNX export needs the onnx package (pip install 'raysim[export]')")
-    ort = pytest.importorskip(
+    return pytest.importorskip(
         "onnxruntime", reason="checking the ONNX file needs onnxruntime (pip install 'raysim[export]')"
     )
+
+
+@pytest.mark.parametrize("name", ["cartpole", "reach_squash"])
+def test_onnx_policy_equals_raysim_actions(runs, name, tmp_path):
+    ort = onnx_runtime()
     out = tmp_path / "policy.onnx"
     assert main(["export", str(runs[name]), "--format", "onnx", "--out", str(out)]) == 0
     obs = observations(runs[name])
@@ -284,10 +289,7 @@ def test_a_recurrent_torchscript_policy_driven_over_episodes_acts_and_remembers_
 
 @pytest.mark.parametrize("name", list(RECURRENT_RUNS))
 def test_a_recurrent_onnx_policy_driven_over_episodes_acts_and_remembers_as_the_actor(recurrent_runs, name, tmp_path):
-    pytest.importorskip("onnx", reason="ONNX export needs the onnx package (pip install 'raysim[export]')")
-    ort = pytest.importorskip(
-        "onnxruntime", reason="checking the ONNX file needs onnxruntime (pip install 'raysim[export]')"
-    )
+    ort = onnx_runtime()
     out = tmp_path / "policy.onnx"
     assert main(["export", str(recurrent_runs[name]), "--format", "onnx", "--out", str(out)]) == 0
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
