@@ -32,16 +32,26 @@ import sys
 from pathlib import Path
 
 from raysim.bench.peers import MISSING, peer_module
-from raysim.bench.results import load, machine, now, overrides, read_results, run_key, run_name, settings_label
+from raysim.bench.results import (
+    ANCHORS,
+    LAST_EPISODES,
+    SB3_ZOO,
+    SMOOTH,
+    load,
+    machine,
+    mean_std,
+    now,
+    overrides,
+    read_results,
+    run_key,
+    run_name,
+    settings_label,
+    smoothed,
+)
 from raysim.evaluation import wilson
 
 PEERS = ("raysim", "cleanrl")
 CONFIGS = ("halfcheetah_ppo", "hopper_ppo")
-SMOOTH = 10  # the plotted curves: running mean of this many curve rows
-LAST_EPISODES = 10  # CleanRL's measure: the mean training return of the last episodes
-# CleanRL ppo_continuous_action.py, 1M steps, MuJoCo v4: mean +- std over its benchmark seeds
-ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d": (2287.9, 571.8)}
-SB3_ZOO = {"HalfCheetah": 3100.0, "Hopper": 3500.0}  # SB3 PPO with RL Zoo's tuned settings, about
 
 
 def env_id(config_name: str) -> str:
@@ -162,14 +172,6 @@ def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.N
     }
 
 
-def mean_std(values: list[float]) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):,.1f} +- {spread:,.1f}"
-
-
 def successes(rows: list[dict]) -> str:
     """Each run's evaluation successes ``k/n (Wilson 95% lower end)``, in seed order; "-" without success."""
     cells = [
@@ -235,11 +237,6 @@ def ratios(groups: dict[tuple, list[dict]]) -> str:
             line += f"; training return {ours:,.1f} vs {theirs:,.1f}{ratio}"
         lines.append(line)
     return ("\n" + "\n".join(lines) + "\n") if lines else ""
-
-
-def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
-    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
-    return [statistics.fmean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
 
 
 def plot(results: list[dict], out: Path) -> Path:

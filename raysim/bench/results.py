@@ -13,11 +13,17 @@ import json
 import os
 import platform
 import re
+import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 
 PACKAGED = "packaged"  # the label of the runs without overrides
 LOCKSTEP = ("algo.max_policy_lag=0",)  # the overrides of a lockstep run of an overlapped config
+SMOOTH = 10  # the plotted curves: running mean of this many curve rows
+LAST_EPISODES = 10  # CleanRL's measure: the mean training return of the last episodes
+# CleanRL ppo_continuous_action.py, 1M steps, MuJoCo v4: mean +- std over its benchmark seeds
+ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d": (2287.9, 571.8)}
+SB3_ZOO = {"HalfCheetah": 3100.0, "Hopper": 3500.0}  # SB3 PPO with RL Zoo's tuned settings, about
 
 
 def read_results(path: Path) -> list[dict]:
@@ -66,3 +72,16 @@ def load() -> list[float] | None:
 def machine() -> dict:
     """Where a run ran: host name and CPU count."""
     return {"host": platform.node(), "cpus": os.cpu_count()}
+
+
+def mean_std(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):,.1f} +- {spread:,.1f}"
+
+
+def smoothed(values: list[float], window: int = SMOOTH) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [statistics.fmean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]

@@ -16,8 +16,18 @@ from pathlib import Path
 
 import numpy as np
 
-from raysim.bench.mujoco import ANCHORS, LAST_EPISODES, SB3_ZOO, SMOOTH, mean_std, smoothed
-from raysim.bench.results import LOCKSTEP, PACKAGED, overrides, settings_label
+from raysim.bench.results import (
+    ANCHORS,
+    LAST_EPISODES,
+    LOCKSTEP,
+    PACKAGED,
+    SB3_ZOO,
+    SMOOTH,
+    mean_std,
+    overrides,
+    settings_label,
+    smoothed,
+)
 from raysim.bench.welch import welch
 from raysim.evaluation import wilson
 
