@@ -72,9 +72,8 @@ class RecurrentCore(nn.Module):
         if self.kind == "lstm":
             gates = projected + recurrent
             sigmoid = each(torch.sigmoid, gates)
-            c = sigmoid[:, size : 2 * size] * state[:, size:] + sigmoid[:, :size] * each(
-                torch.tanh, gates[:, 2 * size : 3 * size]
-            )
+            cell_input = each(torch.tanh, gates[:, 2 * size : 3 * size])
+            c = sigmoid[:, size : 2 * size] * state[:, size:] + sigmoid[:, :size] * cell_input
             h = sigmoid[:, 3 * size :] * each(torch.tanh, c)
             return h, torch.cat([h, c], 1)
         reset_update = each(torch.sigmoid, projected[:, : 2 * size] + recurrent[:, : 2 * size])
@@ -107,6 +106,7 @@ class RowMemory:
         self.starting[rows] = True
 
     def get_state(self) -> dict[str, torch.Tensor]:
+        """Copies of ``state`` and ``starting`` (a shard's checkpoint keeps them: exact resume)."""
         return {"state": self.state.clone(), "starting": self.starting.clone()}
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
