@@ -200,3 +200,25 @@ def test_a_run_with_overrides_is_not_skipped_for_the_packaged_one(tmp_path, monk
     assert trained == [("reach_ppo", 1, ()), ("reach_ppo", 1, ("algo.max_policy_lag=0",))]
     assert len(read_results(tmp_path / "results.jsonl")) == 2
     assert "| raysim/Reach | 1,000,000 | raysim, `algo.max_policy_lag=0` | 1 |" in capsys.readouterr().out
+
+
+def test_each_config_trains_for_its_own_budget_unless_steps_are_given(tmp_path, monkeypatch):
+    """A packaged config is run at its packaged settings exactly: ``train.total_steps`` is the default budget."""
+    budgets = []
+
+    def fake_run_one(peer, config_name, seed, steps, args):
+        budgets.append((config_name, steps))
+        row = line(config_name, "raysim/CartPole", seed, 1.0)
+        curve(args.out, row, 1.0)
+        return {**row, "steps": steps}
+
+    monkeypatch.setattr(mujoco, "run_one", fake_run_one)
+    argv = ["--configs", "cartpole_ppo", "cartpole_stateless_ppo", "--seeds", "1", "--peers", "raysim"]
+    assert mujoco.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert mujoco.main([*argv, "--out", str(tmp_path / "b"), "--steps", "1024"]) == 0
+    assert budgets == [
+        ("cartpole_ppo", 40_000),
+        ("cartpole_stateless_ppo", 200_000),
+        ("cartpole_ppo", 1024),
+        ("cartpole_stateless_ppo", 1024),
+    ]

@@ -66,6 +66,13 @@ def env_of(config_name: str) -> str:
     return env_id(config_name).removeprefix("gym:")
 
 
+def packaged_budget(config_name: str) -> int:
+    """The env steps the config trains for (``train.total_steps``): a run at the packaged settings exactly."""
+    import raysim
+
+    return raysim.load_config(config_name).train.total_steps
+
+
 def on_gymnasium(config_name: str) -> bool:
     """Whether the config trains a Gymnasium id (``gym:...``): only those need MuJoCo and have the peer."""
     return env_id(config_name).startswith("gym:")
@@ -276,8 +283,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--configs", nargs="+", help=f"packaged configs or YAML files (default: {' '.join(CONFIGS)}; --table: all)"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=1_000_000, help="env steps of each raysim run")
-    parser.add_argument("--peer-steps", type=int, default=None, help="env steps of each peer run (default: --steps)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="env steps of each raysim run (default: the config's train.total_steps)"
+    )
+    parser.add_argument(
+        "--peer-steps", type=int, default=None, help="env steps of each peer run (default: the raysim runs')"
+    )
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--eval-episodes", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("bench-results/mujoco"), help="results folder")
@@ -297,7 +308,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.configs, args.seeds, args.steps, args.peer_steps = ["halfcheetah_ppo"], [1], 20_480, 20_480
-    args.peer_steps = args.peer_steps or args.steps
     if args.configs is None and not args.table:
         args.configs = list(CONFIGS)
     return args
@@ -341,9 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / "results.jsonl"
     done = {run_key(r) for r in read_results(path)}
     for config_name in args.configs:
+        budget = args.steps or packaged_budget(config_name)
         for seed in args.seeds:
             for peer in peers:
-                steps = args.steps if peer == "raysim" else args.peer_steps
+                steps = budget if peer == "raysim" else args.peer_steps or budget
                 settings = tuple(args.override) if peer == "raysim" else ()
                 if (peer, config_name, seed, steps, settings) in done or (
                     peer == "cleanrl" and config_name not in gymnasium
