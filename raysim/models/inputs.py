@@ -83,7 +83,8 @@ class GroupInputs(nn.Module):
 
     @property
     def fusable(self) -> bool:
-        """Whether the network reads vector groups only (its input is ``vector_input``: the fused path applies)."""
+        """Whether the network reads vector groups only (its MLP reads ``vector_input``, or a recurrent core's output
+        of it: the fused path applies to the MLP)."""
         return not self.image_groups
 
     def groups(self, obs: dict[str, torch.Tensor] | torch.Tensor) -> dict[str, torch.Tensor]:

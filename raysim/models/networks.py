@@ -159,11 +159,6 @@ class Actor(GroupInputs):
             if config.action_transform not in ("clip", "squash"):
                 raise ValueError(f"model.action_transform must be 'clip' or 'squash', got {config.action_transform!r}")
 
-    @property
-    def fusable(self) -> bool:
-        """Vector groups into a plain MLP, no recurrent core: the fused inference path applies."""
-        return super().fusable and self.core is None
-
     def forward(
         self,
         obs: dict[str, torch.Tensor] | torch.Tensor,

@@ -262,7 +262,7 @@ class EnvShard:
         has one; any other (a CNN) its own forward.
         """
         actor = self.actor
-        if actor.image_groups or not MLPInference.supports(actor.net):
+        if not (actor.fusable and MLPInference.supports(actor.net)):
             sampled, logp_now = actor.sample(obs, self.generator, memory=self.memory)
             action.copy_(sampled)
             logp.copy_(logp_now)
