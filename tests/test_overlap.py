@@ -64,7 +64,7 @@ def test_overlapped_ppo_solves_cartpole_within_the_lockstep_budget(tmp_path):
 
 def test_overlapped_grpo_solves_cartpole(tmp_path):
     overrides = ["backend=local", "seed=1", "train.total_steps=80000", "train.log_every=4", "eval.episodes=20"]
-    overrides += ["algo.max_policy_lag=1", f"run_dir={tmp_path / 'run'}"]
+    overrides += ["algo.max_policy_lag=1", "algo.lr_schedule=constant", f"run_dir={tmp_path / 'run'}"]
     summary = raysim.Trainer(raysim.load_config("cartpole_grpo", overrides), sinks=None).train()
     assert summary.metrics["policy_lag"] == 1  # every round but the first trained one version late, decoupled
     assert summary.evaluation.completed == 20 and summary.evaluation.mean_return > 475, summary.evaluation.returns
