@@ -32,6 +32,10 @@ def test_the_docs_site_builds_with_strict_so_no_link_anchor_or_reference_is_brok
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "config-reference" / "index.html").is_file() and (tmp_path / "api" / "index.html").is_file()
+    readme = (ROOT / "README.md").read_text()  # the README's links into the docs land on real anchors too
+    for page, anchor in re.findall(r"\]\(docs/([^)#]+)\.md#([^)]+)\)", readme):
+        built = tmp_path / (page.removesuffix("index") if page.endswith("index") else page + "/") / "index.html"
+        assert f'id="{anchor}"' in built.read_text(), f"README links docs/{page}.md#{anchor}, which has no such anchor"
 
 
 def test_the_config_reference_page_is_what_raysim_config_markdown_prints(capsys):
