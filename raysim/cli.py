@@ -326,7 +326,7 @@ def add_config(commands, common) -> None:
         description="Print the config reference (generated from the schema the loader checks).",
     )
     config.add_argument("prefix", nargs="?", default="", help="only the keys that start with this (e.g. algo)")
-    config.add_argument("--markdown", action="store_true", help="as the Markdown tables of the README")
+    config.add_argument("--markdown", action="store_true", help="as Markdown tables (docs/config-reference.md)")
     config.set_defaults(run=config_command)
 
 

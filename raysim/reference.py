@@ -1,6 +1,6 @@
 """The config reference: every key with its type, default, allowed values and meaning, from the schema.
 
-``raysim config`` prints it; the README's config reference is this text (``--markdown``), checked
+``raysim config`` prints it; the docs' config reference page is this text (``--markdown``), checked
 against it by a test, so neither can drift from what the loader accepts.
 """
 
@@ -30,6 +30,11 @@ def sections() -> list[tuple[str, list[tuple[str, str, str, str, str]]]]:
     return titled
 
 
+def markdown_cell(text: str) -> str:
+    """``text`` as one Markdown table cell: ``|`` escaped, ``<`` as an entity (``runs/<name>`` is no HTML tag)."""
+    return text.replace("|", "\\|").replace("<", "&lt;")
+
+
 def config_reference(prefix: str = "", markdown: bool = False) -> str:
     """The reference of the keys that start with ``prefix``: aligned text, or Markdown tables."""
     out = []
@@ -39,7 +44,7 @@ def config_reference(prefix: str = "", markdown: bool = False) -> str:
             continue
         if markdown:
             out += [f"**{title}**", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-            out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+            out += ["| " + " | ".join(markdown_cell(cell) for cell in row) + " |" for row in rows]
         else:
             widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(4)]
             out += [f"[{title}]"]

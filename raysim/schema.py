@@ -2,8 +2,8 @@
 
 Every config dataclass (``raysim.config``, ``ModelConfig``, each algorithm's config) declares its fields
 with ``setting``; the loader checks values against it (``violations``), and the config reference of
-``raysim config`` and of the README is generated from it (``reference``), so the documentation cannot
-drift from the code.
+``raysim config`` and of the docs (``docs/config-reference.md``) is generated from it (``reference``), so
+the documentation cannot drift from the code.
 """
 
 from __future__ import annotations

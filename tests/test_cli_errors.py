@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import raysim
 from raysim.algos import GRPO, PPO
 from raysim.cli import main
 from raysim.config import Config
-from raysim.reference import config_reference
 from raysim.schema import rule_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,15 +220,6 @@ def test_resuming_a_run_whose_budget_is_reached_says_how_to_extend_it(tmp_path, 
     out = capsys.readouterr().out
     assert "nothing to train: the run is at 512 env steps and the config's budget is train.total_steps=512" in out
     assert f"raysim resume {run_dir} --set train.total_steps=<more>" in out
-
-
-def test_the_readme_config_reference_is_the_one_generated_from_the_schema():
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- config-reference: begin -->\n(.*)<!-- config-reference: end -->", readme, re.S)
-    assert block, "README.md has no config reference block"
-    assert block.group(1) == config_reference(markdown=True), "regenerate it: raysim config --markdown"
-    defaults = raysim.load_config(None)  # and every default the reference states is one the loader accepts
-    assert defaults.env.id == "raysim/CartPole"
 
 
 def test_a_few_inputs_in_a_real_subprocess_too(tmp_path):

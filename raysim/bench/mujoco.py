@@ -304,7 +304,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="train nothing: write the docs page of the results (--docs) and its pictures",
     )
-    parser.add_argument("--docs", type=Path, default=Path("docs/results.md"), help="the page --table writes")
+    parser.add_argument("--docs", type=Path, default=Path("docs/benchmarks/results.md"), help="the page --table writes")
     args = parser.parse_args(argv)
     if args.quick:
         args.configs, args.seeds, args.steps, args.peer_steps = ["halfcheetah_ppo"], [1], 20_480, 20_480
