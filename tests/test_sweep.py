@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -168,6 +169,48 @@ def test_a_checkpoint_handed_to_tune_is_self_contained_and_verified_when_handed_
     (handed / "state.pt").write_bytes((handed / "state.pt").read_bytes()[:-10])
     with pytest.raises(CheckpointError, match="checkpoint_000001/state.pt is damaged"):
         load_directory(handed)
+
+
+def test_a_trials_run_waits_at_each_report_until_tune_takes_the_next_and_stops_there_once_tune_stops_it():
+    from raysim.sweep.trainable import Handoff, Report
+
+    handoff, stopped_at = Handoff(), []
+
+    def run() -> None:  # the run's thread: a report per log step
+        for iteration in range(1, 6):
+            if handoff.offer(Report({"iteration": iteration}, None)):
+                stopped_at.append(iteration)
+                break
+        handoff.end()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert handoff.take().metrics == {"iteration": 1}
+    time.sleep(0.3)
+    assert handoff.reports.empty()  # the run waits: its checkpoint stays in place while Tune saves it
+    assert handoff.take().metrics == {"iteration": 2}
+    handoff.stop()  # Tune stops the trial while the run waits at its report of iteration 2
+    thread.join(10)
+    assert stopped_at == [2] and handoff.take() is None
+
+
+def test_a_trial_run_whose_reporter_asks_it_to_stop_ends_after_that_iteration_saved_and_closed(tmp_path):
+    from raysim.sweep.trial import TrialRun
+
+    sets = ["backend=local", "env.num_envs=4", "algo.num_steps=32", "algo.num_minibatches=2", "algo.update_epochs=1"]
+    base = to_dict(load_config(None, [*sets, "train.total_steps=1024", "train.log_every=1", "eval.episodes=0"]))
+    reports = []
+
+    def reporter(record: dict, checkpoint) -> bool:
+        reports.append((record["iteration"], checkpoint.iteration))
+        return len(reports) == 2  # Tune stopped the trial: the run ends here
+
+    run = TrialRun({"algo.lr": 1e-3}, "t_00000", base=base, experiment=str(tmp_path), metric="episode_return")
+    summary = run.train(reporter)
+    assert summary.stopped_by == "reporter" and summary.iterations == 2 and reports == [(1, 1), (2, 2)]
+    run_dir = tmp_path / "trials" / "t_00000"
+    assert summary.checkpoint.iteration == 2 and not (run_dir / "lock.json").exists()  # closed: the lock given back
+    assert len(list((run_dir / "metrics").glob("part-*.parquet"))) == 1  # its metrics merged
 
 
 def trial_states(experiment: Path) -> dict[str, dict]:

@@ -147,21 +147,18 @@ def test_a_learner_restarted_from_an_older_checkpoint_retires_the_newer_ones_bef
 
 
 @pytest.fixture
-def trial_runner(tmp_path, monkeypatch):
-    """Tune's trial path without Tune: ``run(trial_id, handed, **values)`` runs the trial function as Tune would,
-    handing it ``handed`` (a checkpoint directory, or None); it reports nothing to Tune."""
-    tune = pytest.importorskip("ray.tune")
-    from raysim.sweep.trial import _train_trial
+def trial_runner(tmp_path):
+    """Tune's trial path without Tune: ``run(trial_id, handed, **values)`` runs the trial's run as ``Trial`` would,
+    continuing from ``handed`` (a checkpoint directory Tune hands back, or None); it reports nothing."""
+    from raysim.sweep.trial import TrialRun
 
     base = to_dict(raysim.load_config(None, [*TINY, "checkpoint.keep_last=2"]))
-    trial = {"id": "", "checkpoint": None}
-    context = type("Context", (), {"get_trial_id": lambda self: trial["id"]})()
-    monkeypatch.setattr(tune, "get_context", lambda: context)
-    monkeypatch.setattr(tune, "get_checkpoint", lambda: trial["checkpoint"])
 
     def run(trial_id: str, handed: Path | None = None, **values) -> Path:
-        trial["id"], trial["checkpoint"] = trial_id, tune.Checkpoint.from_directory(str(handed)) if handed else None
-        _train_trial(values, base=base, experiment=str(tmp_path / "experiment"), metric="never_reported")
+        trial = TrialRun(values, trial_id, base=base, experiment=str(tmp_path / "experiment"), metric="never_reported")
+        if handed is not None:
+            trial.continue_from(handed)
+        trial.train(lambda record, checkpoint: False)
         return tmp_path / "experiment" / "trials" / trial_id
 
     return run

@@ -67,13 +67,14 @@ def measure(iterations: int, settle: float = 1.5) -> dict[int, dict[str, int]]:
     samples: dict[int, list[dict[str, int]]] = {EARLY: [], iterations: []}
     done = 0
 
-    def reporter(record: dict[str, Any], checkpoint: Any) -> None:
+    def reporter(record: dict[str, Any], checkpoint: Any) -> bool:
         nonlocal done
         done += 1
         for point, taken in samples.items():
             if point - WINDOW < done <= point:
                 time.sleep(settle)
                 taken.append(store_stats())
+        return False  # the run goes on
 
     with tempfile.TemporaryDirectory(prefix="raysim-store-") as run_dir:
         steps = (iterations + 1) * ROWS * STEPS

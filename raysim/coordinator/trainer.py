@@ -52,9 +52,10 @@ from raysim.video import require_video
 FINISHED = ("budget", "solved")  # the stop reasons of a run that reached its end
 VIDEOS = "videos"  # the run's folder of evaluation videos (``eval.video``)
 
-#: Called at every log step with its metrics record and the checkpoint saved in that iteration (or None).
-#: The end of the run is in its ``Summary`` (a Tune trial reports it once the run closed: ``final_metrics``).
-Reporter = Callable[[dict[str, float], Checkpoint | None], None]
+#: Called at every log step with its metrics record and the checkpoint saved in that iteration (or None); True
+#: ends the run after that iteration (``stopped_by`` "reporter"). The end of the run is in its ``Summary`` (a Tune
+#: trial reports it once the run closed: ``final_metrics``).
+Reporter = Callable[[dict[str, float], Checkpoint | None], bool]
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Summary:
     evaluation: EvalReport | None = None
     interrupted: bool = False  # stopped before the end (a signal, or train.stop_after): resume continues
     steps_this_run: int = 0  # env steps collected by this process (a resumed run counts from its checkpoint)
-    stopped_by: str = "budget"  # budget | solved | stop_after | SIGINT | SIGTERM
+    stopped_by: str = "budget"  # budget | solved | stop_after | reporter | SIGINT | SIGTERM
     checkpoint: Checkpoint | None = None  # the run's last checkpoint
 
     @property
@@ -154,6 +155,7 @@ class Trainer:
         self.resume = resume
         self.break_lock = break_lock
         self.reporter = reporter
+        self.reporter_stop = False  # the reporter asked the run to end
         self.run_dir, self.note = (config.run_dir, None) if resume else choose_run_dir(config)
         check_run_dir(self.run_dir, resume=resume is not None)
         self.storage = open_storage(self.run_dir)
@@ -356,7 +358,9 @@ class Trainer:
 
     def stop_reason(self, state: RunState) -> str | None:
         """Why the run stops after ``state`` (None: it goes on): the evaluation target ``eval.stop_return``,
-        the step budget, ``train.stop_after``."""
+        the step budget, ``train.stop_after``, the reporter."""
+        if self.reporter_stop:
+            return "reporter"
         if self.solved is not None:
             return "solved"
         if self.budget_reached(state):
@@ -430,7 +434,7 @@ class Trainer:
                 if report is not None:
                     self.checkpoints.record_score(checkpoint, report.mean_return)
         if log and self.reporter is not None:
-            self.reporter(self.record, self.ready.saved)
+            self.reporter_stop = self.reporter(self.record, self.ready.saved)
 
     def _update(self, batch: Batch, log: bool, env_steps: int) -> dict[str, float]:
         """The learner's update on ``batch``. Chunks lost with their node before the learner read them (no rank

@@ -38,7 +38,6 @@ from raysim.sweep.fit import (
     trial_group,
 )
 from raysim.sweep.space import Param, check_params, config_with, parse_spec
-from raysim.sweep.trial import run_trial, trial_trainable
 
 SCHEDULERS = ("fifo", "asha", "pbt")
 MODES = ("max", "min")
@@ -134,11 +133,13 @@ def scheduler_of(sweep: Sweep, trials: list[tuple[dict[str, Any], Config]]) -> A
 
 
 def trainable_of(sweep: Sweep) -> Any:
-    """``run_trial`` with the sweep's base config, each trial in a placement group sized from its own config."""
+    """``Trial`` with the sweep's base config, each trial in a placement group sized from its own config."""
     from ray import tune
 
-    bound = tune.with_parameters(run_trial, base=sweep.base, experiment=sweep.experiment, metric=sweep.metric)
-    return tune.with_resources(trial_trainable(bound), partial(trial_group, base=sweep.base, metric=sweep.metric))
+    from raysim.sweep.trainable import Trial
+
+    bound = tune.with_parameters(Trial, base=sweep.base, experiment=sweep.experiment, metric=sweep.metric)
+    return tune.with_resources(bound, partial(trial_group, base=sweep.base, metric=sweep.metric))
 
 
 def experiment_location(path: str | None, name: str) -> str:

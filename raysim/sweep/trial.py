@@ -1,44 +1,30 @@
-"""One trial of a sweep: a raysim run inside a Ray Tune trial.
+"""One trial of a sweep: a raysim run in ``<experiment>/trials/<trial id>`` (``TrialRun``), which
+``raysim.sweep.trainable.Trial`` drives as a Ray Tune trial.
 
-The trial's coordinator (``Trainer``) runs in Tune's trial actor, in a thread: it installs no signal
-handlers, and its shards and learner are created inside the trial's placement group (Tune captures
-the trial's child actors), so trials never oversubscribe the cluster. Its run directory is
-``<experiment>/trials/<trial id>``. At every log step it reports the run's metrics to Tune with the
-checkpoint of that iteration (copied out as a self-contained directory, manifest included); Tune
-hands such a checkpoint back to restore a trial (a retry, an experiment resumed, PBT's exploit), and
-the trial verifies it and resumes from it exactly: from its own copy when it is the trial's own, else
-(another trial's) saved into its run directory once the trial's own checkpoints are retired. The trial's
-own config (a PBT mutation) wins: the learner sets its learning rate from the config at every update.
-
-A trial's run closes (metrics merged, actors released, lock given back) before Tune hears of its end:
-its final report comes after the run closed, and when Tune stops a trial (a scheduler, the experiment's
-end) the trial's actor waits for its run to close before it ends.
+Tune hands a trial the checkpoint of one of its results back to restore it (a retry, an experiment
+resumed, PBT's exploit); the trial verifies it and resumes from it exactly: from its own copy when it
+is the trial's own, else (another trial's) saved into its run directory once the trial's own
+checkpoints are retired. The trial's own config (a PBT mutation) wins: the learner sets its learning
+rate from the config at every update.
 """
 
 from __future__ import annotations
 
 import copy
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from raysim.checkpoint import MANIFEST, Checkpoint, Checkpoints, copy_files, load_directory
+from raysim.checkpoint import MANIFEST, Checkpoints, load_directory
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.coordinator.snapshot import resume_refusal
-from raysim.coordinator.trainer import FINISHED, ResumePoint, Trainer
+from raysim.coordinator.trainer import Reporter, ResumePoint, Summary, Trainer
 from raysim.storage import RunLock, RunLockedError, RunStorage, open_storage
 from raysim.storage.lock import stale
 from raysim.sweep.space import config_with
 
 TRIALS = "trials"  # the experiment's folder of raysim run directories
-CLOSE_SECONDS = 120.0  # how long a trial's actor, stopped by Tune, waits for its run to close
-
-_stop_asked = threading.Event()  # Tune stopped this process's trial: its next report ends the run instead
-_run_closed = threading.Event()  # no trial function runs in this process (none started yet, or its run closed)
-_run_closed.set()
 
 
 def trial_config(base: dict, values: dict[str, Any], run_dir: str, metric: str) -> Config:
@@ -60,32 +46,36 @@ def trial_config(base: dict, values: dict[str, Any], run_dir: str, metric: str) 
     return config_with(data, values, where=f"trial config {run_dir}")
 
 
-class TuneReport:
-    """The trial's ``Reporter``: numeric metrics (the last evaluation carried forward) and the checkpoint.
+class TrialRun:
+    """One trial's raysim run, without Tune (``Trial`` drives it):
 
-    An evaluation in which no episode completed reports its mean return as NaN (Tune's schedulers skip it).
+        run = TrialRun(values, trial_id, base=base, experiment=experiment)  # once no live process holds its directory
+        run.continue_from(folder)   # only for a checkpoint Tune handed back
+        summary = run.train(reporter)
+
+    Its run directory is ``<experiment>/trials/<trial_id>``; nothing outside it is read or written.
     """
 
-    def __init__(self, storage: RunStorage, metric: str):
-        self.storage, self.metric = storage, metric
-        self.carried: dict[str, float] = {}  # the last evaluation's metrics, in every report after it
+    def __init__(self, values: dict[str, Any], trial_id: str, *, base: dict, experiment: str, metric: str):
+        if not trial_id or "/" in trial_id:
+            raise ValueError(f"a trial id names one folder under {TRIALS}/, got {trial_id!r}")
+        run_dir = f"{experiment.rstrip('/')}/{TRIALS}/{trial_id}"
+        self.config = trial_config(base, values, run_dir, metric)
+        self.storage = open_storage(run_dir)
+        self.resume: ResumePoint | None = None  # set by continue_from
+        wait_for_handover(RunLock(self.storage), self.config.resources_timeout)
 
-    def __call__(self, record: dict[str, float], checkpoint: Checkpoint | None) -> None:
-        from ray import tune
+    def continue_from(self, folder: Path) -> None:
+        """The run goes on from the checkpoint directory ``folder`` that Tune handed back (``take_over``)."""
+        self.resume = take_over(self.storage, folder, self.config)
 
-        if _stop_asked.is_set():  # as Tune's own report would: the trial's thread ends (the run closes on the way)
-            raise SystemExit(0)
-        metrics = {k: float(v) for k, v in record.items() if isinstance(v, (int, float))}
-        self.carried.update({k: v for k, v in metrics.items() if k.startswith("eval_")})
-        metrics = {**self.carried, **metrics}
-        if self.metric not in metrics:  # Tune needs the metric in every report
-            return
-        if checkpoint is None:
-            tune.report(metrics)
-            return
-        with tempfile.TemporaryDirectory(prefix="raysim-tune-") as folder:
-            copy_files(self.storage, checkpoint, Path(folder) / "checkpoint")
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(Path(folder) / "checkpoint")))
+    def train(self, reporter: Reporter) -> Summary:
+        """Train to the end, a stop rule, or a stop ``reporter`` asks for: from the handed checkpoint, else from
+        scratch (``start_over`` first empties the run directory)."""
+        if self.resume is None:
+            start_over(self.storage)
+            return Trainer(self.config, reporter=reporter).train()
+        return Trainer(self.config, resume=self.resume, reporter=reporter).train()
 
 
 def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
@@ -106,6 +96,23 @@ def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
     return ResumePoint(checkpoints.save(iteration, state, meta), state, meta, new_config=True)
 
 
+def start_over(storage: RunStorage) -> None:
+    """Delete every file in the trial's run directory ``storage`` (and nothing outside it), under its lock.
+
+    Called only when Tune starts a trial with no checkpoint to hand back (its first start, or a retry of a
+    trial that failed before its first checkpoint): whatever an earlier attempt left there belongs to no
+    timeline Tune continues. While a live process holds the lock it raises ``RunLockedError`` and deletes nothing.
+    """
+    lock = RunLock(storage)
+    note = lock.acquire()
+    if note:
+        print(f"raysim: {storage.path()}: {note}", flush=True)
+    try:
+        lock.clear_run()
+    finally:
+        lock.release()
+
+
 def wait_for_handover(lock: RunLock, timeout: float) -> None:
     """Wait until no live process holds the run directory: Tune starts a paused or failed trial again in a new
     actor while the old one may still be ending (on another node: until its lease expires). A line every few
@@ -124,69 +131,3 @@ def wait_for_handover(lock: RunLock, timeout: float) -> None:
             print(f"raysim: waiting for {who} to hand over run directory {lock.storage.path()}", flush=True)
             said = time.monotonic()
         time.sleep(0.5)
-
-
-def trial_trainable(function: Any) -> type:
-    """``function`` (``run_trial`` with its parameters bound) as Tune's trainable class, whose stop waits (at
-    most ``CLOSE_SECONDS``) until the trial's run closed: Tune ends the actor once its stop returned."""
-    from ray.tune.trainable.function_trainable import wrap_function
-
-    class Trial(wrap_function(function)):  # pickled by value: the events are reached through a module function
-        def cleanup(self) -> None:
-            stop_and_wait(super().cleanup)
-
-    return Trial
-
-
-def stop_and_wait(release_report: Any) -> None:
-    """Tune stops this process's trial: its next report ends the run (as Tune's own report would);
-    ``release_report`` (Tune's cleanup) lets a report in progress return; then wait for the run to close."""
-    _stop_asked.set()
-    release_report()
-    _run_closed.wait(CLOSE_SECONDS)
-
-
-def run_trial(values: dict[str, Any], *, base: dict, experiment: str, metric: str) -> None:
-    """Tune's function trainable: train the trial's run from scratch, or from the checkpoint Tune hands back.
-
-    A stop asked of an earlier trial in this process (an actor Tune reuses) does not end this one."""
-    _stop_asked.clear()
-    _run_closed.clear()
-    try:
-        _train_trial(values, base=base, experiment=experiment, metric=metric)
-    finally:
-        _run_closed.set()
-
-
-def _train_trial(values: dict[str, Any], *, base: dict, experiment: str, metric: str) -> None:
-    from ray import tune
-
-    run_dir = f"{experiment.rstrip('/')}/{TRIALS}/{tune.get_context().get_trial_id()}"
-    config = trial_config(base, values, run_dir, metric)
-    storage = open_storage(run_dir)
-    wait_for_handover(RunLock(storage), config.resources_timeout)
-    reporter = TuneReport(storage, metric)
-    handed = tune.get_checkpoint()
-    if handed is None:
-        start_over(storage)
-        trainer = Trainer(config, reporter=reporter)
-    else:
-        with handed.as_directory() as folder:
-            point = take_over(storage, Path(folder), config)
-        trainer = Trainer(config, resume=point, reporter=reporter)
-    summary = trainer.train()
-    if summary.stopped_by in FINISHED:  # after the run closed: Tune may end the trial's actor on this report
-        reporter(summary.final_metrics, summary.checkpoint)
-
-
-def start_over(storage: RunStorage) -> None:
-    """A trial started again from scratch: its earlier attempt's files go, under the run's lock (never while a
-    live process holds it: ``RunLockedError``)."""
-    lock = RunLock(storage)
-    note = lock.acquire()
-    if note:
-        print(f"raysim: {storage.path()}: {note}", flush=True)
-    try:
-        lock.clear_run()
-    finally:
-        lock.release()
