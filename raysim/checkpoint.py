@@ -5,8 +5,8 @@ holds ``state.pt`` (tensors and plain data: weights, optimizer, schedule, RNG, s
 ``meta.json`` (counters, the env identity, package versions) and, written last, ``manifest.json``:
 the completion marker, with the SHA-256 and size of every file. Loading verifies every file against
 it: a mismatch, a truncated or unreadable file makes the checkpoint *damaged*, named with its path,
-and ``newest_intact`` falls back to the one before. Checkpoints written before manifests existed load
-as *unverified* (said once). ``torch.load(weights_only=True)`` refuses a file that carries pickled
+and ``newest_intact`` falls back to the one before. A checkpoint without a manifest (``checkpoint_format``
+below 2) loads as *unverified* (said once). ``torch.load(weights_only=True)`` refuses a file that carries pickled
 code. An evaluation of a checkpoint's own weights is recorded beside it (``score.json``); the best
 scored intact checkpoint is kept when older ones are pruned. A run continued from a checkpoint retires
 the newer ones (``retire_after``, ``retire``): they belong to an abandoned timeline, and pruning sees only the live one.
@@ -341,31 +341,6 @@ def copy_files(storage: RunStorage, checkpoint: Checkpoint, folder: Path) -> Pat
     for name, data in files.items():
         (folder / name).write_bytes(data)
     return folder
-
-
-def save_checkpoint(run_dir: str | Path, iteration: int, state: dict, meta: dict, keep_last: int = 3) -> str | Path:
-    """Save checkpoint ``iteration`` of the run at ``run_dir`` and prune; where it is."""
-    storage = open_storage(str(run_dir))
-    checkpoints = Checkpoints(storage)
-    checkpoint = checkpoints.save(iteration, state, meta)
-    checkpoints.prune(keep_last)
-    return _at(storage, checkpoint.rel)
-
-
-def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(state, meta)`` of the checkpoint directory ``path`` (local or a URI), verified."""
-    found = split_checkpoint(path)
-    if found is None:
-        raise CheckpointError(f"{path} is not a checkpoint directory (checkpoints/<iteration>)")
-    run, checkpoint = found
-    return Checkpoints(open_storage(run)).load(checkpoint)
-
-
-def load_latest(run_dir: str | Path) -> tuple[str | Path, dict[str, Any], dict[str, Any]]:
-    """The newest intact checkpoint of a run: ``(where, state, meta)``; damaged ones are skipped, said so."""
-    storage = open_storage(str(run_dir))
-    checkpoint, state, meta = Checkpoints(storage).newest_intact()
-    return _at(storage, checkpoint.rel), state, meta
 
 
 def locate_checkpoint(path: str | Path) -> tuple[RunStorage, Checkpoint, dict[str, Any], dict[str, Any]]:

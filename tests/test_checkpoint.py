@@ -5,19 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
-from raysim.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    Checkpoints,
-    load_checkpoint,
-    load_latest,
-    save_checkpoint,
-    sha256,
-)
+from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints, locate_checkpoint, sha256
 from raysim.envs import make
 from raysim.storage import LocalStorage, Staging
 from raysim.storage.local import LocalStaging
@@ -31,9 +24,22 @@ def store(tmp_path) -> Checkpoints:
     return Checkpoints(LocalStorage(tmp_path))
 
 
+def save(tmp_path, iteration: int, value: dict, meta: dict) -> Path:
+    """Checkpoint ``iteration`` saved and pruned as a run saves it; its directory."""
+    checkpoints = store(tmp_path)
+    checkpoint = checkpoints.save(iteration, value, meta)
+    checkpoints.prune(keep_last=3)
+    return tmp_path / checkpoint.rel
+
+
+def load(path) -> tuple[dict, dict]:
+    """``(state, meta)`` of the checkpoint directory ``path``, as ``raysim eval`` and ``raysim export`` load it."""
+    return locate_checkpoint(path)[2:]
+
+
 def test_a_checkpoint_round_trips_and_carries_a_manifest_with_every_files_hash(tmp_path):
-    path = save_checkpoint(tmp_path, 7, state(7.0), {"env_steps": 70})
-    loaded, meta = load_checkpoint(path)
+    path = save(tmp_path, 7, state(7.0), {"env_steps": 70})
+    loaded, meta = load(path)
     assert torch.equal(loaded["model"]["w"], torch.full((64,), 7.0)) and loaded["version"] == 7
     assert meta["iteration"] == 7 and meta["env_steps"] == 70 and meta["checkpoint_format"] == 2
     assert {"torch", "ray", "gymnasium", "numpy", "python"} <= set(meta["versions"])
@@ -46,7 +52,7 @@ def test_a_checkpoint_round_trips_and_carries_a_manifest_with_every_files_hash(t
 
 
 def test_a_failed_save_keeps_the_previous_checkpoint_and_leaves_no_partial_directory(tmp_path, monkeypatch):
-    save_checkpoint(tmp_path, 1, state(1.0), {})
+    save(tmp_path, 1, state(1.0), {})
     real = LocalStaging.write
 
     def full_disk(self, name, data):
@@ -57,11 +63,11 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_leaves_no_partial_direc
 
     monkeypatch.setattr(LocalStaging, "write", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        save_checkpoint(tmp_path, 2, state(2.0), {})
+        save(tmp_path, 2, state(2.0), {})
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
-    path, loaded, _ = load_latest(tmp_path)
-    assert path.name == "1" and loaded["version"] == 1
+    checkpoint, loaded, _ = store(tmp_path).newest_intact()
+    assert checkpoint.name == "1" and loaded["version"] == 1
 
 
 def damage(path, offset: int, data: bytes) -> None:
@@ -72,8 +78,8 @@ def damage(path, offset: int, data: bytes) -> None:
 
 @pytest.mark.parametrize("how", ["truncated", "overwritten", "empty"])
 def test_a_damaged_state_file_is_named_and_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys, how):
-    save_checkpoint(tmp_path, 1, state(1.0), {})
-    save_checkpoint(tmp_path, 2, state(2.0), {})
+    save(tmp_path, 1, state(1.0), {})
+    save(tmp_path, 2, state(2.0), {})
     target = tmp_path / "checkpoints" / "2" / "state.pt"
     size = target.stat().st_size
     if how == "truncated":
@@ -86,9 +92,9 @@ def test_a_damaged_state_file_is_named_and_resume_falls_back_to_the_newest_intac
     with pytest.raises(
         CheckpointError, match=rf"checkpoint file {target} is damaged: .* does not match the content hash"
     ):
-        load_checkpoint(target.parent)
-    path, loaded, _ = load_latest(tmp_path)
-    assert path.name == "1" and loaded["version"] == 1
+        load(target.parent)
+    checkpoint, loaded, _ = store(tmp_path).newest_intact()
+    assert checkpoint.name == "1" and loaded["version"] == 1
     out = capsys.readouterr().out
     assert f"skipping damaged checkpoint: checkpoint file {target} is damaged" in out and "falling back" in out
 
@@ -113,7 +119,7 @@ def torch_bytes(value) -> bytes:
 def test_checkpoints_from_before_hashes_load_as_unverified_said_once(tmp_path, capsys):
     folder = legacy(tmp_path, 3, torch_bytes(state(3.0)))
     for _ in range(2):
-        loaded, meta = load_checkpoint(folder)
+        loaded, meta = load(folder)
         assert loaded["version"] == 3 and meta["iteration"] == 3
     out = capsys.readouterr().out
     assert out.count("predates content hashes: loaded unverified") == 1
@@ -134,7 +140,7 @@ def test_an_unreadable_state_file_says_what_is_wrong_with_it(tmp_path, content, 
 
     folder = legacy(tmp_path, 1, torch_bytes({"model": Exploit()}) if content is None else content)
     with pytest.raises(CheckpointError, match=re.escape(f"{folder}/state.pt cannot be loaded: {cause}")):
-        load_checkpoint(folder)
+        load(folder)
 
 
 def test_a_forged_checkpoint_whose_manifest_matches_a_pickled_object_is_still_refused(tmp_path):
@@ -142,18 +148,18 @@ def test_a_forged_checkpoint_whose_manifest_matches_a_pickled_object_is_still_re
         def __reduce__(self):
             return (os.system, ("echo pwned",))
 
-    path = save_checkpoint(tmp_path, 1, state(1.0), {})
+    path = save(tmp_path, 1, state(1.0), {})
     evil = torch_bytes({"model": Exploit()})
     (path / "state.pt").write_bytes(evil)
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["files"]["state.pt"] = {"sha256": sha256(evil), "bytes": len(evil)}
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="pickled objects"):
-        load_checkpoint(path)
+        load(path)
 
 
 def test_a_save_killed_before_its_marker_is_incomplete_skipped_and_cleaned_up(tmp_path, capsys):
-    save_checkpoint(tmp_path, 1, state(1.0), {})
+    save(tmp_path, 1, state(1.0), {})
     checkpoints = store(tmp_path)
 
     class Killed(BaseException):
@@ -192,10 +198,10 @@ def test_saving_an_iteration_again_replaces_it_only_once_the_new_one_is_complete
 
 
 def test_a_checkpoint_missing_its_meta_is_reported_as_incomplete(tmp_path):
-    path = save_checkpoint(tmp_path, 3, state(3.0), {})
+    path = save(tmp_path, 3, state(3.0), {})
     os.remove(path / "meta.json")
     with pytest.raises(CheckpointError, match="incomplete: .*meta.json is missing"):
-        load_checkpoint(path)
+        load(path)
 
 
 def test_pruning_keeps_the_newest_and_the_best_scored_checkpoint_and_scores_only_their_own_evaluation(tmp_path):
@@ -214,20 +220,20 @@ def test_the_rename_and_the_checkpoint_directory_are_fsynced(tmp_path, monkeypat
 
     real = raysim.storage.local.fsync_dir
     monkeypatch.setattr(raysim.storage.local, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
-    path = save_checkpoint(tmp_path, 1, state(1.0), {})
+    path = save(tmp_path, 1, state(1.0), {})
     staged = [s for s in synced if os.path.basename(s).startswith(f"{Staging.PREFIX}1-")]
     assert staged and synced.index(staged[0]) < synced.index(str(path.parent))  # the files, then the rename
 
 
 def test_a_full_disk_fails_the_save_with_the_previous_checkpoint_intact(small_disk):
-    save_checkpoint(small_disk, 1, state(1.0), {})
+    save(small_disk, 1, state(1.0), {})
     (small_disk / "filler").write_bytes(b"\0" * (1024 * 1024 - 64 * 1024))  # leave less than a checkpoint
     big = {"model": {"w": torch.zeros(64 * 1024)}, "version": 2}  # 256 KiB
     with pytest.raises(OSError) as error:
-        save_checkpoint(small_disk, 2, big, {})
+        save(small_disk, 2, big, {})
     assert error.value.errno == 28  # ENOSPC
     assert sorted(os.listdir(small_disk / "checkpoints")) == ["1"]
-    assert load_latest(small_disk)[1]["version"] == 1
+    assert store(small_disk).newest_intact()[1]["version"] == 1
 
 
 def test_env_state_round_trips_so_that_episodes_continue_exactly():

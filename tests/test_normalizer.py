@@ -10,7 +10,7 @@ import torch
 
 import raysim
 from raysim.algos.ppo import PPOConfig
-from raysim.checkpoint import load_latest
+from raysim.checkpoint import locate_checkpoint
 from raysim.learner import Learner
 from raysim.models.networks import ActorCritic, ModelConfig
 from raysim.models.normalizer import RunningNorm, combine, moments
@@ -158,15 +158,15 @@ def test_a_local_run_with_obs_norm_saves_its_statistics_and_a_resumed_run_contin
     overrides = [*TINY, "train.total_steps=2048"]  # 16 iterations of 128 steps
     straight = raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()
     raysim.Trainer(raysim.load_config(None, [*overrides, "train.stop_after=8", f"run_dir={tmp_path / 'b'}"])).train()
-    _, state, _ = load_latest(tmp_path / "b")
+    _, _, state, _ = locate_checkpoint(tmp_path / "b")
     halfway = copy.deepcopy(state["model"])
     for prefix in ("actor", "critic"):
         assert float(halfway[f"{prefix}.obs_norm.count"]) == 8 * 128  # every training transition, nothing else
         assert not torch.equal(halfway[f"{prefix}.obs_norm.var"], torch.ones(4))
     resumed = raysim.Trainer.from_run_dir(tmp_path / "b").train()
     assert straight.iterations == resumed.iterations == 16
-    _, a, _ = load_latest(tmp_path / "a")
-    _, b, _ = load_latest(tmp_path / "b")
+    _, _, a, _ = locate_checkpoint(tmp_path / "a")
+    _, _, b, _ = locate_checkpoint(tmp_path / "b")
     a, b = a["model"], b["model"]
     assert float(b["actor.obs_norm.count"]) == 16 * 128  # continued from the checkpoint's statistics
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # exactly as without the stop

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import raysim
-from raysim.checkpoint import load_checkpoint
+from raysim.checkpoint import locate_checkpoint
 from raysim.records import read_metrics
 from raysim.storage import open_storage
 
@@ -49,8 +49,8 @@ def test_lag_one_through_ray_actors_is_deterministic_one_version_late_and_differ
     assert [r["policy_lag"] for r in runs["a"]] == [0, 1, 1, 1, 1]  # the first chunks act with version 0
     assert [r["policy_lag"] for r in runs["lockstep"]] == [0] * 5
     assert runs["a"][0] == runs["lockstep"][0] and runs["a"][1] != runs["lockstep"][1]
-    a, _ = load_checkpoint(tmp_path / "a" / "checkpoints" / "5")
-    b, _ = load_checkpoint(tmp_path / "b" / "checkpoints" / "5")
+    _, _, a, _ = locate_checkpoint(tmp_path / "a" / "checkpoints" / "5")
+    _, _, b, _ = locate_checkpoint(tmp_path / "b" / "checkpoints" / "5")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
@@ -81,7 +81,7 @@ def test_a_stopped_overlapped_run_resumes_to_its_budget_with_counters_that_agree
     assert [r["iteration"] for r in logged] == [1, 2, 3, 4, 5]
     assert [r["env_steps"] for r in logged] == [256 * i for i in range(1, 6)]
     assert [r["policy_lag"] for r in logged] == [0, 1, 0, 1, 1]  # chunks in flight at the stop were recollected
-    state, meta = load_checkpoint(run_dir / "checkpoints" / "5")
+    _, _, state, meta = locate_checkpoint(run_dir / "checkpoints" / "5")
     assert state["version"] == meta["version"] == 5 and meta["env_steps"] == 1280
 
 

@@ -11,7 +11,7 @@ import raysim
 from raysim.actors import LocalBackend
 from raysim.algos.decoupled import decouple
 from raysim.algos.epochs import sequences
-from raysim.checkpoint import load_latest
+from raysim.checkpoint import locate_checkpoint
 from raysim.config import ConfigError
 from raysim.envs import make
 from raysim.evaluation import EvalSpec, evaluate_on_shards
@@ -253,7 +253,7 @@ def test_a_camera_policy_with_a_shared_cnn_an_lstm_and_a_privileged_critic_train
     )
     result = raysim.Trainer(raysim.load_config(None, settings)).train()
     assert result.env_steps == 256 and result.evaluation.completed == 4
-    _, state, _ = load_latest(tmp_path / "run")
+    _, _, state, _ = locate_checkpoint(tmp_path / "run")
     assert state["model"]["critic.net.0.weight"].shape[1] == 16 + 16 + 1  # memory, CNN features, privileged
 
 

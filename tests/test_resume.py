@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import raysim
-from raysim.checkpoint import load_checkpoint, load_latest
+from raysim.checkpoint import Checkpoints, locate_checkpoint
 from raysim.config import ConfigError
 from raysim.coordinator.run_state import RunState
 from raysim.envs import make
@@ -51,7 +51,7 @@ def metrics(run_dir: str | Path) -> list[dict]:
 
 
 def final_weights(run_dir: str | Path) -> dict:
-    _, state, _ = load_latest(run_dir)
+    _, _, state, _ = locate_checkpoint(run_dir)
     return state["model"]
 
 
@@ -102,13 +102,14 @@ def test_a_run_saved_with_the_old_identity_resumes_also_with_another_vectorizati
     gym = ["env.id=gym:CartPole-v1", "env.kwargs.vectorize=sync", "eval.episodes=0"]
     raysim.Trainer(raysim.load_config(None, [*TINY, *gym, "train.stop_after=1", f"run_dir={run_dir}"])).train()
     as_saved_by_an_older_raysim(run_dir / "checkpoints" / "1")
-    assert load_latest(run_dir)[2]["identity"] == OLD_GYM_META["identity"]  # intact, and old
+    assert locate_checkpoint(run_dir)[3]["identity"] == OLD_GYM_META["identity"]  # intact, and old
     for vectorize in ("sync", "async"):
         overrides = [f"env.kwargs.vectorize={vectorize}", "train.stop_after=1"]
         summary = raysim.Trainer.from_run_dir(run_dir, overrides=overrides).train()
         assert summary.stopped_by == "stop_after", vectorize
     assert summary.iterations == 3
-    assert load_latest(run_dir)[2]["identity"] == env_identity({"id": "gym:CartPole-v1", "kwargs": {}})[0]  # migrated
+    migrated = env_identity({"id": "gym:CartPole-v1", "kwargs": {}})[0]
+    assert locate_checkpoint(run_dir)[3]["identity"] == migrated
 
 
 def test_a_component_declared_run_resumes_from_its_snapshot_its_declaration_and_after_a_move(tmp_path):
@@ -188,8 +189,8 @@ def test_the_callers_config_is_unchanged_after_building_several_envs_from_it():
 def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_save_and_load(ray_session, tmp_path):
     from raysim.actors import RayBackend
     from raysim.algos.ppo import PPOConfig
-    from raysim.checkpoint import save_checkpoint
     from raysim.learner import Learner, LearnerGroup
+    from raysim.learner.group import combined
     from raysim.models.networks import ModelConfig
 
     shard = EnvShard("raysim/CartPole", 4, seed=0)
@@ -208,7 +209,7 @@ def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_sa
         seed=0,
     )
 
-    good = group.state_dict()
+    good = combined(backend.get([h.call(Learner.snapshot) for h in group.handles]))  # every rank's, as saved
     bad = copy.deepcopy(good)
     bad["model"]["actor.net.0.weight"] = torch.zeros(3, 3)  # a shape rank 0's model cannot take
     errors = []
@@ -226,8 +227,9 @@ def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_sa
     chunks = [shard.rollout(weights, 16) for _ in range(2)]
     metrics = group.update([[ray_session.put(c)] for c in chunks])
     assert metrics["policy_version"] == 1 and metrics["env_steps"] == 128
-    path = save_checkpoint(tmp_path / "run", 1, group.state_dict(), {"env_steps": 128})
-    state, _ = load_checkpoint(path)
+    checkpoints = Checkpoints(open_storage(tmp_path / "run"))
+    saved = checkpoints.save(1, combined(backend.get(group.snapshots)), {"env_steps": 128})  # as the trainer saves
+    state, _ = checkpoints.load(saved)
     group.load_state(state)
     group.update([[ray_session.put(shard.rollout(ray_session.get(group.get_weights()), 16))] for _ in range(2)])
     w0, w1 = (ray_session.get(h.call(Learner.get_weights)) for h in group.handles)
@@ -270,7 +272,7 @@ def test_a_window_logged_at_a_runs_unplanned_last_iteration_is_not_saved_again(t
     overrides = [*TINY, "train.log_every=3", "eval.every=2", "eval.stop_return=0", f"run_dir={tmp_path}"]
     summary = raysim.Trainer(raysim.load_config(None, overrides)).train()
     assert summary.stopped_by == "solved" and summary.iterations == 2 and summary.metrics["iteration"] == 2
-    _, state, _ = load_latest(tmp_path)
+    _, _, state, _ = locate_checkpoint(tmp_path)
     assert state["window"]["counts"] == {}  # a resume's first row will not count iterations 1 and 2 again
 
 

@@ -8,7 +8,7 @@ import torch
 import raysim
 from raysim.algos.ppo import PPOConfig
 from raysim.algos.reward_scale import RewardScale
-from raysim.checkpoint import load_latest
+from raysim.checkpoint import locate_checkpoint
 from raysim.learner import Learner
 from raysim.models.networks import ModelConfig
 from raysim.rollout.advantages import chunk_values, gae
@@ -92,7 +92,7 @@ def test_a_run_with_reward_scaling_resumes_exactly(tmp_path):
     raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()
     raysim.Trainer(raysim.load_config(None, [*overrides, "train.stop_after=4", f"run_dir={tmp_path / 'b'}"])).train()
     raysim.Trainer.from_run_dir(tmp_path / "b").train()
-    (_, a, _), (_, b, _) = load_latest(tmp_path / "a"), load_latest(tmp_path / "b")
+    (_, _, a, _), (_, _, b, _) = locate_checkpoint(tmp_path / "a"), locate_checkpoint(tmp_path / "b")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert torch.equal(a["reward_scale"]["norm"]["var"], b["reward_scale"]["norm"]["var"])
     assert int(a["reward_scale"]["norm"]["count"]) == 8 * 4 * 32

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import raysim
-from raysim.checkpoint import load_checkpoint
+from raysim.checkpoint import locate_checkpoint
 from raysim.coordinator import Summary
 from raysim.records import read_metrics as stored_rows
 from raysim.storage import open_storage
@@ -114,7 +114,7 @@ def test_a_run_through_ray_actors_writes_its_run_directory_and_equals_the_local_
     assert [r["iteration"] for r in rows] == [1.0, 2.0, 3.0]
     assert rows[-1]["env_steps"] == 768 and rows[-1]["policy_version"] == 3
     assert "eval_return" in rows[1]  # eval.every=2
-    state, meta = load_checkpoint(ray_dir / "checkpoints" / "3")
+    _, _, state, meta = locate_checkpoint(ray_dir / "checkpoints" / "3")
     assert meta["iteration"] == 3 and meta["env_steps"] == 768
     assert state["version"] == 3
     assert all(torch.is_tensor(v) for v in state["model"].values())
@@ -126,7 +126,7 @@ def test_a_run_through_ray_actors_writes_its_run_directory_and_equals_the_local_
         assert ray_row.keys() == local_row.keys()
         differ = {k: (ray_row[k], local_row[k]) for k in ray_row if not same(ray_row[k], local_row[k])}
         assert not differ, differ
-    local_state, _ = load_checkpoint(local_dir / "checkpoints" / "3")
+    _, _, local_state, _ = locate_checkpoint(local_dir / "checkpoints" / "3")
     for name, tensor in state["model"].items():
         assert torch.equal(tensor, local_state["model"][name]), name
     assert on_ray.evaluation.returns == on_local.evaluation.returns

@@ -97,10 +97,6 @@ class LearnerGroup:
         """Rank 0's versioned actor weights (a future / object ref; every rank holds the same)."""
         return self.handles[0].call(Learner.get_weights)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The learner's checkpoint state now: rank 0's ``state_dict`` and the other ranks' ``rank_state``."""
-        return combined([self.backend.get(h.call(Learner.snapshot)) for h in self.handles])
-
     def load_state(self, state: dict[str, Any]) -> None:
         """Every rank restores ``state`` (moved to the cluster once); a failure on any rank is raised by all."""
         shared = self.backend.put(state)
