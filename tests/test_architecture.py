@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from raysim.algos import Algorithm, OptimizerConfig, algorithm_class
+from raysim.algos.optimizer import missing_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "raysim"
@@ -196,3 +200,26 @@ def test_an_unknown_algorithm_name_is_an_error_that_lists_the_registered_ones():
         ConfigError, match=r"algo.name must be one of \['grpo', 'ppo'\] or 'module:Class', got 'ppp'; did you"
     ):
         raysim.load_config(None, ["algo.name=ppp"])
+
+
+@dataclasses.dataclass
+class NoLearningRateConfig:
+    name: str = "tests.test_architecture:NoLearningRate"
+    update_epochs: int = 1
+    num_minibatches: int = 1
+
+
+class NoLearningRate(Algorithm):
+    name = "no-lr"
+    Config = NoLearningRateConfig
+
+
+def test_every_registered_algorithms_config_declares_the_settings_the_learner_reads():
+    for name in ("ppo", "grpo"):
+        config = algorithm_class(name).Config()
+        assert isinstance(config, OptimizerConfig) and missing_settings(type(config)) == [], name
+
+
+def test_an_algorithm_whose_config_lacks_a_setting_the_learner_reads_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"its Config lacks lr, lr_schedule, max_grad_norm, max_nonfinite_updates"):
+        algorithm_class("tests.test_architecture:NoLearningRate")

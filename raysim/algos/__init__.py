@@ -12,6 +12,7 @@ import importlib
 
 from raysim.algos.base import Algorithm
 from raysim.algos.grpo import GRPO, GRPOConfig
+from raysim.algos.optimizer import OptimizerConfig, missing_settings
 from raysim.algos.ppo import PPO, PPOConfig
 
 _REGISTRY: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO}
@@ -34,10 +35,15 @@ def algorithm_class(name: str) -> type[Algorithm]:
             raise ValueError(f"algo.name {name!r}: cannot import {attribute} from {module}: {error}") from error
         if not (isinstance(found, type) and issubclass(found, Algorithm)):
             raise ValueError(f"algo.name {name!r} is not a subclass of raysim.algos.base.Algorithm")
+        missing = missing_settings(found.Config)
+        if missing:
+            raise ValueError(
+                f"algo.name {name!r}: its Config lacks {', '.join(missing)} (raysim.algos.optimizer.OptimizerConfig)"
+            )
         return found
     close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ValueError(f"algo.name must be one of {sorted(_REGISTRY)} or 'module:Class', got {name!r}{hint}")
 
 
-__all__ = ["GRPO", "PPO", "Algorithm", "GRPOConfig", "PPOConfig", "algorithm_class", "register"]
+__all__ = ["GRPO", "PPO", "Algorithm", "GRPOConfig", "OptimizerConfig", "PPOConfig", "algorithm_class", "register"]

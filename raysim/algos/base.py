@@ -9,11 +9,10 @@ and the coordinator asks it how the shards collect (``collection``) and checks t
 (``check``). PPO and GRPO implement it in their own files; a third algorithm is one more file,
 found by name in the registry (``raysim.algos``) or as ``module.path:Class``.
 
-The learner reads these fields of every algorithm config: ``lr``, ``lr_schedule`` (``constant`` |
-``linear``), ``max_grad_norm``, ``max_nonfinite_updates``; ``run_epochs`` reads ``update_epochs``,
-``num_minibatches`` and, where present, ``target_kl``; the coordinator reads ``max_policy_lag`` (how many
-policy versions the shards may collect ahead of the update). Before each update the learner sets the algorithm's
-``version`` (its weights' policy version): a chunk of a lower ``policy_version`` was collected by an older policy.
+Every algorithm's config declares the settings raysim reads outside it (``OptimizerConfig``: the learning
+rate and its schedule, the gradient clip, the epochs and minibatches, the lag bound); ``run_epochs`` also reads
+``target_kl`` where present. Before each update the learner sets the algorithm's ``version`` (its weights'
+policy version): a chunk of a lower ``policy_version`` was collected by an older policy.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ class Algorithm:
     """One training algorithm: how shards collect for it, its batch (advantages), its loss on a minibatch."""
 
     name: ClassVar[str]
-    Config: ClassVar[type]  # the dataclass of its ``algo`` config section
+    Config: ClassVar[type]  # the dataclass of its ``algo`` config section: an ``OptimizerConfig``
     uses_critic: ClassVar[bool] = True  # False: the learner builds no critic by default and runs no value inference
     trains_recurrent: ClassVar[bool] = False  # True: it trains a recurrent model (model.recurrent) on sequences
     loss_terms: ClassVar[tuple[str, ...]]  # the metrics whose non-finiteness the optimizer step's guard names

@@ -9,6 +9,7 @@ import torch
 
 from raysim.algos.collectives import Collectives
 from raysim.algos.guard import GuardedStep
+from raysim.algos.optimizer import OptimizerConfig
 from raysim.rollout import RolloutChunk
 
 # tensors [B, ...] (observations: a dict of groups), one row per valid transition; or, for a recurrent model, one row
@@ -21,7 +22,7 @@ def run_epochs(
     loss_terms: tuple[str, ...],
     step: GuardedStep,
     batch: Batch,
-    config: Any,
+    config: OptimizerConfig,
     generator: torch.Generator,
 ) -> dict[str, torch.Tensor]:
     """``config.update_epochs`` passes over ``batch``, each in exactly ``config.num_minibatches`` shuffled minibatches.

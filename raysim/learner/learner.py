@@ -22,6 +22,7 @@ import torch
 
 from raysim.algos import algorithm_class
 from raysim.algos.guard import GuardedStep
+from raysim.algos.optimizer import OptimizerConfig
 from raysim.learner.inputs import read_chunks
 from raysim.learner.ranks import RankGroup
 from raysim.learner.window import MetricWindow, episode_stats, episode_sums, reduce_gathered, to_host
@@ -55,7 +56,7 @@ class Learner:
         observation_spaces: dict[str, gym.Space],
         action_space: gym.Space,
         model: ModelConfig,
-        algo: Any,
+        algo: OptimizerConfig,
         horizon: int,
         seed: int = 0,
         device: str = "cpu",
