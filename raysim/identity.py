@@ -6,11 +6,11 @@ defaults), materialized resources replaced by a hash of their content, and runti
 counts, seeds, devices, non-finite handling, file locations, descriptive metadata, the Gymnasium
 adapter's ``vectorize`` and ``autoreset_mode``, the Atari preset's ``threads``) left out; the Atari preset
 (``kwargs.atari``) has its defaults filled in; a frame stack (``env.frame_stack`` with
-k > 1) is in it, as it changes what the policy sees (without one the identity is as before). It is
-computed the same way on save and on resume, so a run resumes from the original declaration, from
-its own ``configs/gym.yaml`` snapshot, and from a moved run directory. A checkpoint's saved
-canonical config is brought to today's form before it is compared (``checkpoint_identity``), so
-runs saved by an earlier raysim still resume.
+k > 1) is in it, as it changes what the policy sees (k = 1 adds nothing to it). It is computed the
+same way on save and on resume, so a run resumes from the original declaration, from its own
+``configs/gym.yaml`` snapshot, and from a moved run directory. A checkpoint's saved canonical config
+is put in ``current_form`` before it is compared (``checkpoint_identity``): a run resumes whichever
+raysim version saved it.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def canonical_env(env: dict[str, Any]) -> dict[str, Any]:
 
 
 def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
-    """A canonical env config in today's form, also one saved by an earlier raysim: for ``gym:`` ids the
-    adapter's runtime options are left out and the Gymnasium defaults filled in (idempotent)."""
+    """``canonical`` (as any raysim version saved it) in the form ``env_identity`` hashes: for ``gym:`` ids the
+    adapter's runtime options left out and the Gymnasium defaults filled in (idempotent)."""
     env_id, options = canonical["id"], dict(canonical.get("kwargs") or {})
     if env_id.startswith("gym:"):
         options = {k: v for k, v in options.items() if k not in ADAPTER_OPTIONS}
@@ -104,8 +104,8 @@ def env_identity(env: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def checkpoint_identity(meta: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """``(identity, canonical config)`` of a checkpoint's env under today's rules (``meta.json``'s saved
-    canonical config in ``current_form``): what a resumed run's ``env_identity`` is compared with."""
+    """``(identity, canonical config)`` of a checkpoint's env (``meta.json``'s saved canonical config in
+    ``current_form``): what a resumed run's ``env_identity`` is compared with."""
     saved = meta.get("canonical_env")
     if not saved:
         return meta.get("identity"), {}

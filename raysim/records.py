@@ -1,10 +1,10 @@
 """A run's Parquet files, through its storage: the metrics rows and the evaluation records.
 
 Metrics rows are written in parts (``metrics/part-<n>.parquet``, a new part per flush, never a growing
-file rewritten at each log step) and merged when the run ends; ``read_metrics`` reads them in order
-(a run from before parts, with one ``metrics.parquet``, too). A merged part is marked as the whole
-run (schema metadata): reading starts from the newest such part, so a merge cut between writing it
-and removing the parts it replaces (a process killed) reads every row once. Evaluation records are
+file rewritten at each log step) and merged when the run ends; ``read_metrics`` reads them in order,
+after a single ``metrics.parquet`` where the run holds one (raysim's format before parts). A merged part
+is marked as the whole run (schema metadata): reading starts from the newest such part, so a merge cut
+between writing it and removing the parts it replaces (a process killed) reads every row once. Evaluation records are
 one file per evaluation, ``eval/<iteration>.parquet``.
 """
 

@@ -11,7 +11,8 @@ and the peer's rollout phase with its initial policy, in alternating rounds (med
 is installed, a third side: CleanRL ``ppo_atari_envpool.py``'s env (EnvPool's C++ Atari, ``Breakout-v5``
 without sticky actions, its pool on one thread) acted on by the peer's agent. Then the envs alone, with
 random actions (raysim's env as its shard builds it, the peer's wrapped envs, EnvPool's), in alternating
-rounds too: where the time goes, env or acting. EnvPool was measured and is not a raysim backend (docs/environments.md).
+rounds too: where the time goes, env or acting. EnvPool is a measured peer, not a raysim backend
+(docs/environments.md).
 
 Reported: env steps/s of collection (and the cores it kept busy: CPU over wall time, env threads
 included) and of training, training seconds, the training return as the raw game score (whole games:

@@ -34,7 +34,7 @@ def read_results(path: Path) -> list[dict]:
 
 
 def overrides(row: dict) -> tuple[str, ...]:
-    """The run's config overrides beyond the packaged settings (none for lines older than the field)."""
+    """The run's config overrides beyond the packaged settings (none for a line without the field)."""
     return tuple(row.get("overrides") or ())
 
 

@@ -190,7 +190,7 @@ def overlap_lines(rows: list[dict]) -> list[str]:
 
 
 def policy_lag(row: dict) -> int:
-    """The run's ``algo.max_policy_lag``: as recorded, else the packaged config's today (older lines)."""
+    """The run's ``algo.max_policy_lag``: as recorded, else (a line without it) the packaged config's."""
     if row.get("max_policy_lag") is not None:
         return int(row["max_policy_lag"])
     import raysim

@@ -2,7 +2,7 @@
 
 The actor reads ``model.actor_inputs`` (default ``[policy]``), the critic ``model.critic_inputs``
 (default ``[critic]``; when the env has no ``critic`` group and the config keeps the default, the
-actor's groups, as before named inputs existed). As Stable-Baselines3's ``MultiInputPolicy`` does,
+actor's groups). As Stable-Baselines3's ``MultiInputPolicy`` does,
 an image group (``raysim.envs.spaces``) goes through its own CNN (``encoders[group]``,
 ``raysim.models.encoders``) and the vector groups are flattened and concatenated; the network's
 ``net`` (the MLP and its head) then reads ``[vector groups, CNN features]``. Observation
@@ -12,9 +12,9 @@ A network built with ``shared_encoders`` takes those groups' encoders as they ar
 its own (``model.shared_encoders``: the critic reuses the actor's CNN, see ``raysim.models.networks``);
 ``features`` takes image features already computed (``encoded``), so a shared CNN runs once for both.
 
-A network of vector groups alone has no encoders and keeps the weight names it had before named
-inputs (``obs_norm.*``, ``net.*``): its ``net`` is a plain ``mlp()``, which the fused inference path
-(``raysim.models.fused``) and the row-wise evaluation (``raysim.models.rowwise``) take (``fusable``).
+A network of vector groups alone has no encoders and its weights are ``obs_norm.*`` and ``net.*`` (its
+checkpoints load in every raysim version): its ``net`` is a plain ``mlp()``, which the fused inference
+path (``raysim.models.fused``) and the row-wise evaluation (``raysim.models.rowwise``) take (``fusable``).
 """
 
 from __future__ import annotations
