@@ -148,7 +148,7 @@ def test_a_learner_restarted_from_an_older_checkpoint_retires_the_newer_ones_bef
 
 @pytest.fixture
 def trial_runner(tmp_path):
-    """Tune's trial path without Tune: ``run(trial_id, handed, **values)`` runs the trial's run as ``Trial`` would,
+    """Tune's trial path without Tune: ``run(trial_id, handed, **values)`` runs the trial's run as ``SweepTrial`` would,
     continuing from ``handed`` (a checkpoint directory Tune hands back, or None); it reports nothing."""
     from raysim.sweep.trial import TrialRun
 

@@ -133,12 +133,12 @@ def scheduler_of(sweep: Sweep, trials: list[tuple[dict[str, Any], Config]]) -> A
 
 
 def trainable_of(sweep: Sweep) -> Any:
-    """``Trial`` with the sweep's base config, each trial in a placement group sized from its own config."""
+    """``SweepTrial`` with the sweep's base config, each trial in a placement group sized from its own config."""
     from ray import tune
 
-    from raysim.sweep.trainable import Trial
+    from raysim.sweep.trainable import SweepTrial
 
-    bound = tune.with_parameters(Trial, base=sweep.base, experiment=sweep.experiment, metric=sweep.metric)
+    bound = tune.with_parameters(SweepTrial, base=sweep.base, experiment=sweep.experiment, metric=sweep.metric)
     return tune.with_resources(bound, partial(trial_group, base=sweep.base, metric=sweep.metric))
 
 

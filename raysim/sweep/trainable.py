@@ -1,4 +1,4 @@
-"""Ray Tune's class trainable for a sweep's trials (``Trial``): each log step of a ``TrialRun`` is one result.
+"""Ray Tune's class trainable for a sweep's trials (``SweepTrial``): each log step of a ``TrialRun`` is one result.
 
 The trial's coordinator (``Trainer``) runs in Tune's trial actor, in a thread: it installs no signal
 handlers, and its shards and learner are created inside the trial's placement group (Tune captures
@@ -85,7 +85,7 @@ class Handoff:
         self.go_on.release()
 
 
-class Trial(tune.Trainable):
+class SweepTrial(tune.Trainable):
     """A sweep's trial as Tune's class trainable; Tune calls, in this order:
 
         setup(values, base=..., experiment=..., metric=...)   # TrialRun: waits for the run directory's handover

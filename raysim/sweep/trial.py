@@ -1,5 +1,5 @@
 """One trial of a sweep: a raysim run in ``<experiment>/trials/<trial id>`` (``TrialRun``), which
-``raysim.sweep.trainable.Trial`` drives as a Ray Tune trial.
+``raysim.sweep.trainable.SweepTrial`` drives as a Ray Tune trial.
 
 Tune hands a trial the checkpoint of one of its results back to restore it (a retry, an experiment
 resumed, PBT's exploit); the trial verifies it and resumes from it exactly: from its own copy when it
@@ -47,7 +47,7 @@ def trial_config(base: dict, values: dict[str, Any], run_dir: str, metric: str) 
 
 
 class TrialRun:
-    """One trial's raysim run, without Tune (``Trial`` drives it):
+    """One trial's raysim run, without Tune (``SweepTrial`` drives it):
 
         run = TrialRun(values, trial_id, base=base, experiment=experiment)  # once no live process holds its directory
         run.continue_from(folder)   # only for a checkpoint Tune handed back
