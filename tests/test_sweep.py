@@ -213,6 +213,18 @@ def test_a_trial_run_whose_reporter_asks_it_to_stop_ends_after_that_iteration_sa
     assert len(list((run_dir / "metrics").glob("part-*.parquet"))) == 1  # its metrics merged
 
 
+@pytest.mark.parametrize("trial_id", ["", "../../elsewhere", "a/b"])  # ../../elsewhere: tmp_path/elsewhere
+def test_a_trial_run_only_ever_opens_one_folder_under_the_experiments_trials(tmp_path, trial_id):
+    from raysim.sweep.trial import TrialRun
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep").write_text("a file outside the trials folder")
+    base = to_dict(load_config(None, ["backend=local"]))
+    with pytest.raises(ValueError, match="a trial id names one folder under trials/"):
+        TrialRun({}, trial_id, base=base, experiment=str(tmp_path / "experiment"), metric="episode_return")
+    assert (tmp_path / "elsewhere" / "keep").exists() and not (tmp_path / "experiment").exists()
+
+
 def trial_states(experiment: Path) -> dict[str, dict]:
     """Tune's experiment state: trial id -> its status and last result (as the driver last saved it)."""
     files = sorted(glob.glob(str(experiment / "experiment_state-*.json")))
