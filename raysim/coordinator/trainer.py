@@ -69,7 +69,7 @@ class Summary:
     run_dir: str
     metrics: dict[str, float] = field(default_factory=dict)  # the last log step's record
     evaluation: EvalReport | None = None
-    interrupted: bool = False  # stopped before the end (a signal, or train.stop_after): resume continues
+    interrupted: bool = False  # stopped before the end (a signal, train.stop_after, the reporter): resume continues
     steps_this_run: int = 0  # env steps collected by this process (a resumed run counts from its checkpoint)
     stopped_by: str = "budget"  # budget | solved | stop_after | reporter | SIGINT | SIGTERM
     checkpoint: Checkpoint | None = None  # the run's last checkpoint
@@ -434,7 +434,7 @@ class Trainer:
                 if report is not None:
                     self.checkpoints.record_score(checkpoint, report.mean_return)
         if log and self.reporter is not None:
-            self.reporter_stop = self.reporter(self.record, self.ready.saved)
+            self.reporter_stop = bool(self.reporter(self.record, self.ready.saved))
 
     def _update(self, batch: Batch, log: bool, env_steps: int) -> dict[str, float]:
         """The learner's update on ``batch``. Chunks lost with their node before the learner read them (no rank
