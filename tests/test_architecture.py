@@ -147,6 +147,32 @@ def test_no_function_in_raysim_is_longer_than_sixty_lines_unless_a_comment_says_
     assert not long, long
 
 
+def environment_reads(tree: ast.AST) -> list[str]:
+    """The names in ``os.environ.get(NAME)``, ``os.getenv(NAME)`` and ``os.environ[NAME]`` (string constants)."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv") and node.args:
+            key = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            key = node.slice
+        else:
+            continue
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.append(key.value)
+    return names
+
+
+def test_production_code_reads_no_test_hook_from_the_environment():
+    read, mentions = set(), []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        read |= set(environment_reads(ast.parse(text)))
+        if "RAYSIM_FAULT" in text:
+            mentions.append(str(path.relative_to(ROOT)))
+    assert "RAYSIM_DEBUG" in read  # the scan finds what raysim does read
+    assert not [name for name in read if "FAULT" in name or "TEST" in name] and not mentions, mentions
+
+
 def ruff() -> list[str]:
     found = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     if found is None:
