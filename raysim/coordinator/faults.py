@@ -6,8 +6,9 @@
 ``on_phase`` runs every registered hook, in the driver, at these points of iteration ``iteration``:
 ``collect`` (its chunks collected), ``update`` (its update done), ``eval`` (before an evaluation of its
 weights), ``save`` (its checkpoint's files written, the completion marker not yet), and at the end of
-the run ``final_save`` (as ``save``) and ``final_eval`` (before the final evaluation, then ``eval``). A hook may raise, signal or kill the process, or end roles of the
-``session`` it is given (a learner killed through ``session.backend``); what it raises propagates.
+the run ``final_save`` (as ``save``) and ``final_eval`` (before the final evaluation, then ``eval``).
+A hook may raise, signal or kill the process, or end roles of the ``session`` it is given (a learner
+killed through ``session.backend``); what it raises propagates.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A session is opened once the run's roles stand and its starting point is known (a new run's, or a
 checkpoint's), and it is the one object the trainer's steps change: the loop (``trainer.py``),
 saving (``saving.py``), evaluations (``training_eval.py``) and learner restarts and rewinds
-(``recovery.py``). Invariant: ``ready`` is the last completed iteration, ``first.iteration <=
+(``recovery.py``). Between iterations: ``ready`` is the last completed iteration, ``first.iteration <=
 ready.state.iteration``, and ``weights`` are the learner's weights of ``ready``'s policy version.
 """
 
