@@ -65,7 +65,7 @@ def resume_point(
     if refusal:
         raise ConfigError(f"cannot resume {run_dir}: {refusal}")
     identity, canonical = env_identity(to_dict(resumed.env))
-    saved, saved_canonical = checkpoint_identity(meta)  # in today's form: older runs resume too
+    saved, saved_canonical = checkpoint_identity(meta)  # in the current form, for checkpoints of any version
     if identity != saved:
         lines = differences(saved_canonical, canonical)
         message = "the env differs from the checkpoint's:\n  " + "\n  ".join(lines or ["(no canonical config saved)"])
