@@ -151,6 +151,73 @@ def test_no_function_in_raysim_is_longer_than_sixty_lines_unless_a_comment_says_
     assert not long, long
 
 
+def environment_reads(tree: ast.AST) -> list[str]:
+    """The names in ``os.environ.get(NAME)``, ``os.getenv(NAME)`` and ``os.environ[NAME]`` (string constants)."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv") and node.args:
+            key = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            key = node.slice
+        else:
+            continue
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.append(key.value)
+    return names
+
+
+def test_production_code_reads_no_test_hook_from_the_environment():
+    read, mentions = set(), []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        read |= set(environment_reads(ast.parse(text)))
+        if "RAYSIM_FAULT" in text:
+            mentions.append(str(path.relative_to(ROOT)))
+    assert "RAYSIM_DEBUG" in read  # the scan finds what raysim does read
+    assert not [name for name in read if "FAULT" in name or "TEST" in name] and not mentions, mentions
+
+
+def assigned_attributes(node: ast.AST) -> set[str]:
+    """The ``X`` of every ``self.X = ...``, ``self.X += ...`` and ``with ... as self.X`` within ``node``."""
+    names = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Assign):
+            targets = child.targets
+        elif isinstance(child, (ast.AnnAssign, ast.AugAssign)):
+            targets = [child.target]
+        elif isinstance(child, ast.withitem) and child.optional_vars is not None:
+            targets = [child.optional_vars]
+        else:
+            continue
+        for target in targets:
+            for item in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name) and item.value.id == "self":
+                    names.add(item.attr)
+    return names
+
+
+def attributes_created_outside_init(cls: ast.ClassDef) -> set[str]:
+    """The attributes a class's methods assign that neither its ``__init__`` nor its body (dataclass fields) creates."""
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    methods = [m for m in cls.body if isinstance(m, ast.FunctionDef)]
+    in_init = set().union(*(assigned_attributes(m) for m in methods if m.name == "__init__"))
+    elsewhere = set().union(*(assigned_attributes(m) for m in methods if m.name != "__init__"))
+    return elsewhere - in_init - fields
+
+
+def test_every_attribute_of_a_coordinator_class_is_created_in_its_init():
+    late = []
+    for path in (PACKAGE / "coordinator").rglob("*.py"):
+        for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+            if found := attributes_created_outside_init(cls):
+                late.append(f"{path.relative_to(ROOT)}: {cls.name}: {sorted(found)}")
+    assert not late, late
+    example = ast.parse(
+        "class A:\n    def __init__(self):\n        self.a = 1\n    def f(self):\n        self.a, self.b = 2, 3"
+    )
+    assert attributes_created_outside_init(example.body[0]) == {"b"}  # the check sees a late attribute
+
+
 def ruff() -> list[str]:
     found = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     if found is None:

@@ -17,11 +17,12 @@ import raysim
 from raysim.checkpoint import Checkpoints
 from raysim.cli import main
 from raysim.config import ConfigError
-from raysim.coordinator import Trainer
+from raysim.coordinator import Trainer, faults
 from raysim.coordinator.trainer import RunFailed
 from raysim.records import read_metrics
 from raysim.rollout import EnvShard
 from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
+from tests.support.faulty_train import FaultAt
 
 ROOT = Path(__file__).resolve().parent.parent
 # 1 shard x 4 rows x 32 steps = 128 env steps per iteration, 6 iterations; evaluations at 2 and 4 (saved),
@@ -43,16 +44,14 @@ TIMING = ("time", "steps_per_s", "time_collect", "time_update", "time_eval", "ti
 
 
 def train_cli(run_dir: Path, *extra: str, fault: str | None = None, local: bool = True, timeout: int = 240):
-    """``raysim train`` in its own process (a fault injected with RAYSIM_FAULT_AT)."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYSIM_FAULT_AT")}
+    """``raysim train`` in its own process (a fault injected by ``tests.support.faulty_train``)."""
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
-    if fault:
-        environ["RAYSIM_FAULT_AT"] = fault
     sets = [item for override in [*TINY, *extra] for item in ("--set", override)]
     command = [
         sys.executable,
         "-m",
-        "raysim",
+        *(["tests.support.faulty_train", fault] if fault else ["raysim"]),
         "train",
         "--run-dir",
         str(run_dir),
@@ -72,13 +71,27 @@ def newest(run_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
-    """The uninterrupted run every interrupted one must end equal to."""
+def straight_run(tmp_path_factory) -> tuple[Path, list[tuple[str, int]]]:
+    """The uninterrupted run every interrupted one must end equal to, and the phases a hook saw in it."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"
     config = raysim.load_config(None, [*TINY, "backend=local", f"run_dir={run_dir}"])
-    summary = Trainer(config).train()
+    seen: list[tuple[str, int]] = []
+    with faults.registered(lambda phase, iteration, session: seen.append((phase, iteration))):
+        summary = Trainer(config).train()
     assert summary.iterations == 6 and not summary.interrupted
-    return run_dir
+    return run_dir, seen
+
+
+@pytest.fixture(scope="module")
+def straight(straight_run) -> Path:
+    return straight_run[0]
+
+
+def test_a_phase_hook_sees_each_phase_of_each_iteration_once_in_order(straight_run):
+    expected = []
+    for i in range(1, 7):  # evaluated (and so saved) at 2 and 4; the final evaluation after the final save
+        expected += [("collect", i), ("update", i), *([("eval", i), ("save", i)] if i in (2, 4) else [])]
+    assert straight_run[1] == [*expected, ("final_save", 6), ("final_eval", 6), ("eval", 6)]
 
 
 def assert_same_run(run_dir: Path, straight: Path) -> None:
@@ -171,11 +184,12 @@ def test_a_run_stopped_by_stop_after_exits_0_and_says_how_to_resume(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_the_learner_dying_during_the_final_evaluation_or_save_loses_nothing(ray_session, tmp_path, monkeypatch):
+def test_the_learner_dying_during_the_final_evaluation_or_save_loses_nothing(ray_session, tmp_path):
     for phase in ("final_eval", "final_save"):
-        monkeypatch.setenv("RAYSIM_FAULT_AT", f"{phase}:6:learner")
         run_dir = tmp_path / phase
-        summary = Trainer(raysim.load_config(None, [*TINY, "backend=ray", f"run_dir={run_dir}"])).train()
+        with faults.registered(fault := FaultAt(f"{phase}:6:learner")):
+            summary = Trainer(raysim.load_config(None, [*TINY, "backend=ray", f"run_dir={run_dir}"])).train()
+        assert fault.fired
         assert summary.iterations == 6 and not summary.interrupted
         assert summary.evaluation is not None and summary.evaluation.completed == 4
         assert newest(run_dir)[0].iteration == 6

@@ -72,9 +72,9 @@ class KillLearnerAt:
         if not self.done and record["iteration"] == self.iteration:
             import ray
 
-            ray.kill(self.trainer.roles.learner.handles[0].actor)
+            ray.kill(self.trainer.session.roles.learner.handles[0].actor)
             if self.lose_ready:  # the snapshot this iteration will leave ready cannot be read
-                self.trainer.roles.learner.snapshots = [ray.remote(lost_object).remote()]
+                self.trainer.session.roles.learner.snapshots = [ray.remote(lost_object).remote()]
             self.done = True
 
     def close(self) -> None:

@@ -62,12 +62,12 @@ def s3(tmp_path_factory):
 
 
 def raysim(args: list[str], env: dict, cwd: Path, fault: str | None = None) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYSIM_FAULT_AT")}
+    """``raysim ARGS`` in its own process (a fault injected by ``tests.support.faulty_train``)."""
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ.update(env, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    if fault:
-        environ["RAYSIM_FAULT_AT"] = fault
+    entry = ["tests.support.faulty_train", fault] if fault else ["raysim"]
     return subprocess.run(
-        [sys.executable, "-m", "raysim", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", *entry, *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=300
     )
 
 

@@ -123,8 +123,8 @@ class KillLearnerAt:
             self.seen.append((int(record["iteration"]), names(run_dir)))
         if len(self.seen) == 1:
             damage(run_dir / "checkpoints" / "4" / "state.pt")
-            ray.kill(self.trainer.roles.learner.handles[0].actor)
-            self.trainer.roles.learner.snapshots = [ray.remote(lost_object).remote()]
+            ray.kill(self.trainer.session.roles.learner.handles[0].actor)
+            self.trainer.session.roles.learner.snapshots = [ray.remote(lost_object).remote()]
 
     def close(self) -> None:
         self.trainer = None

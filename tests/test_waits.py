@@ -39,7 +39,7 @@ LONG_FINAL_EVAL = [
 
 def start_train(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
     """``raysim train`` on an embedded Ray, in its own process group (as a shell runs a command)."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYSIM_FAULT_AT")}
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
     sets = [item for override in overrides for item in ("--set", override)]
     command = [sys.executable, "-m", "raysim", "train", "--run-dir", str(run_dir), "--address", "local", *sets]
@@ -153,7 +153,7 @@ class TakeTheRoomOf:
     def write(self, record: dict) -> None:
         if record["iteration"] != 2:
             return
-        roles = self.trainer.roles
+        roles = self.trainer.session.roles
         self.trainer.config.resources_timeout = 6.0
         for handle in roles.learner.handles if self.role == "learner" else roles.shards[:1]:
             ray.kill(handle.actor)

@@ -15,7 +15,8 @@ class PhaseClock:
     def __init__(self):
         self.start = time.perf_counter()
         self.eval_total = 0.0
-        self.reset()
+        self.times = dict.fromkeys(PHASES, 0.0)  # seconds per phase since the last reset
+        self.iterations = 0  # iterations since the last reset
 
     def reset(self) -> None:
         self.times, self.iterations = dict.fromkeys(PHASES, 0.0), 0

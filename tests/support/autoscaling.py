@@ -88,7 +88,7 @@ class Placement:
     def write(self, record: dict) -> None:
         self.nodes = [
             ray.get(s.actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
-            for s in self.trainer.roles.shards
+            for s in self.trainer.session.roles.shards
         ]
 
     def close(self) -> None:

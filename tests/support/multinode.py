@@ -67,10 +67,10 @@ class Events:
 
     def write(self, record: dict) -> None:
         self.steps.append(int(record["env_steps"]))
-        self.final_placement = [node_of(s) for s in self.trainer.roles.shards]
+        self.final_placement = [node_of(s) for s in self.trainer.session.roles.shards]
         if record["iteration"] != (2 if self.mode == "lose_chunk" else 3):
             return
-        shards = self.trainer.roles.shards
+        shards = self.trainer.session.roles.shards
         self.placement = [node_of(s) for s in shards]
         if self.mode == "lose_chunk":
             self.lose_a_finished_chunk()
@@ -85,7 +85,7 @@ class Events:
     def lose_a_finished_chunk(self) -> None:
         """Shard 0's node goes once the chunk it collected ahead (the next batch's) finished: the chunk is lost
         before the learner reads it. A new node takes its place."""
-        ahead = [launch.receipt for launch in self.trainer.collector.queues[0]]
+        ahead = [launch.receipt for launch in self.trainer.session.collector.queues[0]]
         ray.wait(ahead, num_returns=len(ahead), fetch_local=False)
         lost = next(n for n in self.workers if n.node_id == self.placement[0])
         self.removed = lost.node_id

@@ -35,7 +35,7 @@ class RayHead:
         self.base = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.port, self.dashboard_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYSIM_FAULT_AT")}
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_TMPDIR=self.base)
         self.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), self.env.get("PATH", "")])
         self.command = [

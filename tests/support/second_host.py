@@ -79,8 +79,8 @@ class Placement:
         def node(handle) -> str:
             return ray.get(handle.actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
 
-        self.learner = [node(h) for h in self.trainer.roles.learner.handles]
-        self.shards = [node(h) for h in self.trainer.roles.shards]
+        self.learner = [node(h) for h in self.trainer.session.roles.learner.handles]
+        self.shards = [node(h) for h in self.trainer.session.roles.shards]
 
     def close(self) -> None:
         pass
@@ -102,8 +102,9 @@ def sees(run_dir: str) -> dict:
 def run_learner(run_dir: str) -> dict:
     """Learner and shards on the second host: train with a learner death, stop, resume, evaluate, export."""
     import raysim
-    from raysim.coordinator import Trainer
+    from raysim.coordinator import Trainer, faults
     from raysim.export import export_policy
+    from tests.support.faulty_train import FaultAt
 
     base = [
         "backend=ray",
@@ -123,12 +124,11 @@ def run_learner(run_dir: str) -> dict:
         "train.sinks=[parquet]",
         "env.kwargs.initial_states={generate: 16, seed: 3}",
     ]
-    os.environ["RAYSIM_FAULT_AT"] = "update:3:learner"  # the learner dies on the second host
     first = Trainer(raysim.load_config(None, [*base, "train.stop_after=5", f"run_dir={run_dir}"]))
     placement = Placement(first)
     first.sinks = [placement]
-    stopped = first.train()
-    del os.environ["RAYSIM_FAULT_AT"]
+    with faults.registered(FaultAt("update:3:learner")):  # the learner dies on the second host
+        stopped = first.train()
     seen = sees(run_dir)
     resumed = Trainer.from_run_dir(run_dir).train()
     report = raysim.evaluate(run_dir, episodes=4)

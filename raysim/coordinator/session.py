@@ -1,0 +1,90 @@
+"""``Session``: the live state of one ``Trainer.train`` call; ``Ready``: its last completed iteration.
+
+A session is opened once the run's roles stand and its starting point is known (a new run's, or a
+checkpoint's), and it is the one object the trainer's steps change: the loop (``trainer.py``),
+saving (``saving.py``), evaluations (``training_eval.py``) and learner restarts and rewinds
+(``recovery.py``). Between iterations: ``ready`` is the last completed iteration, ``first.iteration <=
+ready.state.iteration``, and ``weights`` are the learner's weights of ``ready``'s policy version.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysim.actors import Backend
+from raysim.checkpoint import Checkpoint, Checkpoints
+from raysim.config import Config
+from raysim.coordinator.collector import Collector
+from raysim.coordinator.phases import PhaseClock
+from raysim.coordinator.roles import Roles
+from raysim.coordinator.run_state import RunState
+from raysim.coordinator.signals import StopSignals
+from raysim.evaluation import EvalReport
+from raysim.learner.group import combined
+from raysim.metrics import SinkSet
+from raysim.storage import RunStorage
+
+
+@dataclass
+class Ready:
+    """The last completed iteration: its run state and the learner's and shards' states, not fetched yet.
+
+    They were taken right after the iteration's update and collection and wait in the object store, so a
+    checkpoint of this iteration needs no learner (it may be busy, or dead) and takes one fetch.
+    """
+
+    state: RunState
+    learner: list[Any] = field(default_factory=list)  # every rank's ``Learner.snapshot`` (futures)
+    shards: list[Any] = field(default_factory=list)  # every shard's ``EnvShard.get_state`` (futures)
+    loaded: dict[str, Any] | None = None  # or: a checkpoint's whole state, as loaded
+    saved: Checkpoint | None = None  # its checkpoint, once written
+
+    def fetch(self, backend: Backend) -> dict[str, Any]:
+        """The checkpoint state of this iteration: every learner rank's part and every shard's state."""
+        if self.loaded is not None:
+            return self.loaded
+        state = combined(backend.get(self.learner)) if self.learner else {}
+        state["shards"] = backend.get(self.shards)
+        return state
+
+
+@dataclass
+class Session:
+    """One ``Trainer.train`` call: the run it trains, its roles, where it stands, the loop's bookkeeping."""
+
+    config: Config
+    run_dir: str
+    checkpoints: Checkpoints  # the run directory's (its storage: ``storage``)
+    meta: dict[str, Any]  # what every checkpoint's meta.json records beside the run state
+    horizon: int  # the learner's schedule, in env steps (to build a learner again)
+    backend: Backend
+    roles: Roles
+    collector: Collector
+    signals: StopSignals
+    sinks: SinkSet
+    ready: Ready  # the last completed iteration
+    first: RunState  # where this process started (a rewind past it moves it back)
+    weights: Any  # the learner's current weights (a future, or the weights themselves)
+    clock: PhaseClock = field(default_factory=PhaseClock)  # training seconds, and per phase
+    record: dict[str, float] = field(default_factory=dict)  # the last log step's record
+    solved: EvalReport | None = None  # the evaluation that reached ``eval.stop_return``
+    reporter_stop: bool = False  # the reporter asked the run to end
+    last_save: float = field(default_factory=time.monotonic)  # when the last checkpoint was written
+    learner_restarts: int = 0  # learners lost and started again (at most ``learner.max_restarts``)
+
+    @property
+    def storage(self) -> RunStorage:
+        """The run directory."""
+        return self.checkpoints.storage
+
+    def release(self) -> None:
+        """End the run's actors (their CPUs go back to the cluster at once)."""
+        end_roles(self.backend, self.roles)
+
+
+def end_roles(backend: Backend, roles: Roles) -> None:
+    """End every actor of ``roles``: training and evaluation shards, learner ranks."""
+    for handle in [*roles.shards, *roles.eval_shards, *roles.learner.handles]:
+        backend.kill(handle)
