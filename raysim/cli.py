@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from raysim.checkpoint import CheckpointError
 from raysim.config import ConfigError, load_config
-from raysim.coordinator.cluster import ResourceError
+from raysim.coordinator.cluster import RayStartFailed, ResourceError
 from raysim.coordinator.trainer import RunFailed
 from raysim.envs.errors import MissingDependencyError
 from raysim.storage import RunLockedError, unwritable
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         print(f"raysim: error: {error}", file=sys.stderr)
         return 2
-    except RunFailed as error:
+    except (RunFailed, RayStartFailed) as error:
         if debug:
             raise
         print(f"raysim: error: {error}", file=sys.stderr)

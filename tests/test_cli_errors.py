@@ -211,6 +211,20 @@ def test_a_bug_prints_its_one_line_error_and_how_to_get_the_trace(tmp_path, caps
         main([*TRAIN, "--debug", "--run-dir", str(tmp_path / "run2")])
 
 
+def test_an_embedded_ray_that_does_not_start_is_an_error_saying_what_to_do_not_a_bug(tmp_path, capsys, monkeypatch):
+    import ray
+
+    def times_out(**kwargs):
+        raise Exception("The current node timed out during startup. This could happen because ...")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", times_out)
+    code, out, err = run_cli(["train", "--address", "local", "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 1 and "Traceback" not in out + err and "bug" not in err
+    assert "raysim: error: the embedded Ray did not start (The current node timed out during startup." in err
+    assert "ray start --head" in err and not (tmp_path / "run").exists()
+
+
 def test_resuming_a_run_whose_budget_is_reached_says_how_to_extend_it(tmp_path, capsys):
     run_dir = tmp_path / "run"
     tiny = ["--set", "train.total_steps=512", "--set", "eval.episodes=2", "--set", "env.num_envs=4"]

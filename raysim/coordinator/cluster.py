@@ -169,6 +169,10 @@ def running_cluster() -> str | None:
     return address if address and reachable(address) is None else None
 
 
+class RayStartFailed(RuntimeError):
+    """The embedded Ray could not start: nothing of the run was created yet."""
+
+
 def start_embedded(config: Config, extra_cpus: float = 0.0) -> None:
     """An embedded local Ray with room for every role (each rank's CPUs, GPUs and custom resources)."""
     import ray
@@ -187,9 +191,16 @@ def start_embedded(config: Config, extra_cpus: float = 0.0) -> None:
             )
     custom = {k: math.ceil(v) for k, v in wanted.items() if k not in ("CPU", "GPU")}
     cpus = max(os.cpu_count() or 1, math.ceil(wanted.get("CPU", 0.0)))
-    ray.init(
-        address="local", num_cpus=cpus, num_gpus=math.ceil(gpus), resources=custom or None, include_dashboard=False
-    )
+    try:
+        ray.init(
+            address="local", num_cpus=cpus, num_gpus=math.ceil(gpus), resources=custom or None, include_dashboard=False
+        )
+    except Exception as error:  # e.g. Ray's "timed out during startup" on a machine too loaded to start it in time
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise RayStartFailed(
+            f"the embedded Ray did not start ({first}): run again when the machine is less loaded, or start Ray "
+            "yourself (`ray start --head`) and attach with --address"
+        ) from error
 
 
 def attach(address: str) -> None:
