@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from raysim.storage import RunStorage
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "cartpole_ppo.yaml"
 SINKS = ("console", "parquet", "tensorboard")  # the names train.sinks may list (raysim.metrics makes them)
+#: Keys that were renamed, old name -> new name (within one section): the old name is still read, with a note.
+RENAMED = {"shards.first_arrived": "shards.wait_fraction"}
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
@@ -78,9 +81,10 @@ class ShardsConfig:
     )
     max_restarts: int = setting(10, help="shards replaced after their process died, over the run", low=0)
     max: int | None = setting(None, help="elastic: grow up to this many shards as the cluster adds room", low=1)
-    first_arrived: float = setting(
+    wait_fraction: float = setting(
         1.0,
-        help="batch from the first chunks to arrive, this fraction of each rank's shards (1: all; timing-dependent)",
+        help="a batch waits for the chunks of this fraction of each rank's shards, the first to arrive (1: all; "
+        "below 1: timing-dependent)",
         low=0,
         high=1,
         open_low=True,
@@ -206,6 +210,7 @@ def config_from_data(data: Any, file: Path, overrides: list[str] | None = None) 
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of keys, got {type(data).__name__}")
     data = expand(data, file.parent)
+    rename_old_keys(data, str(file))
     for item in overrides or []:
         apply_override(data, item)
     where = f"{file} with --set" if overrides else str(file)
@@ -290,7 +295,11 @@ def apply_override(data: dict, item: str) -> None:
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected key=value, e.g. algo.lr=1e-3")
     key, raw = item.split("=", 1)
-    parts = key.strip().split(".")
+    key = key.strip()
+    if key in RENAMED:
+        deprecation_note(f"--set {item!r}", key)
+        key = RENAMED[key]
+    parts = key.split(".")
     if not all(parts):
         raise ConfigError(f"--set {item!r}: expected key=value, e.g. algo.lr=1e-3")
     node = data
@@ -299,11 +308,38 @@ def apply_override(data: dict, item: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"--set {item!r}: {part!r} is not a section")
     try:
-        node[parts[-1]] = safe_load(raw)
+        value = safe_load(raw)
     except yaml.YAMLError as error:
         raise ConfigError(
             f"--set {item!r}: the value is not valid YAML: {getattr(error, 'problem', None) or error}"
         ) from error
+    if isinstance(value, dict):  # a whole section: its keys may be old names too
+        rename_old_keys(value, f"--set {item!r}", prefix=key + ".")
+    node[parts[-1]] = value
+
+
+def rename_old_keys(data: dict, where: str, prefix: str = "") -> None:
+    """Give every old key of ``RENAMED`` in ``data`` (the mapping at dotted ``prefix``) its new name, with a note
+    for each; a section that has both names is a ``ConfigError``."""
+    for old, new in RENAMED.items():
+        if not old.startswith(prefix):
+            continue
+        *path, old_name = old[len(prefix) :].split(".")
+        new_name = new.rsplit(".", 1)[-1]
+        node: Any = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old_name not in node:
+            continue
+        if new_name in node:
+            raise ConfigError(f"{where}: {old} is the old name of {new}: set only {new}")
+        node[new_name] = node.pop(old_name)
+        deprecation_note(where, old)
+
+
+def deprecation_note(where: str, old: str) -> None:
+    """One line on stderr: ``old`` is read as its new name, which the config should use."""
+    print(f"raysim: {where}: {old} is deprecated, read as {RENAMED[old]}; use {RENAMED[old]}", file=sys.stderr)
 
 
 def from_dict(cls: type, data: Any, where: str, prefix: str = "") -> Any:

@@ -145,3 +145,20 @@ def test_cli_train_with_a_bad_override_exits_2_naming_the_key(tmp_path, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expected key=value" in err[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_old_name_shards_first_arrived_is_read_as_shards_wait_fraction_with_a_one_line_note(tmp_path, capsys):
+    old = write(tmp_path, "shards:\n  count: 2\n  first_arrived: 0.5\n")
+    assert load_config(old).shards.wait_fraction == 0.5
+    note = capsys.readouterr().err
+    assert note.count("\n") == 1 and note.startswith(f"raysim: {old}: shards.first_arrived is deprecated")
+    assert "use shards.wait_fraction" in note
+    assert load_config(old, ["shards.wait_fraction=0.25"]).shards.wait_fraction == 0.25  # --set wins over the file
+    assert load_config(None, ["shards.first_arrived=0.75"]).shards.wait_fraction == 0.75
+    assert load_config(None, ["shards={count: 2, first_arrived: 0.75}"]).shards.wait_fraction == 0.75
+    assert capsys.readouterr().err.count("shards.first_arrived is deprecated") == 3
+    both = write(tmp_path, "shards:\n  first_arrived: 0.5\n  wait_fraction: 0.5\n")
+    with pytest.raises(ConfigError, match="shards.first_arrived is the old name of shards.wait_fraction: set only"):
+        load_config(both)
+    with pytest.raises(ConfigError, match="shards.wait_fraction must be > 0, got 0"):
+        load_config(None, ["shards.first_arrived=0"])  # checked under its new name

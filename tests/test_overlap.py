@@ -1,4 +1,4 @@
-"""Overlapped collection (``algo.max_policy_lag``) and first-arrived batches (``shards.first_arrived``).
+"""Overlapped collection (``algo.max_policy_lag``) and first-arrived batches (``shards.wait_fraction``).
 
 Lag 0 is lockstep, bitwise as before (the exact-resume and fast-path tests hold it). With lag 1 the shards
 collect the next chunk with the weights they have while the learner updates: fixed seeds still give fixed
@@ -86,10 +86,10 @@ def test_a_stopped_overlapped_run_resumes_to_its_budget_with_counters_that_agree
 
 
 @pytest.mark.slow
-def test_first_arrived_batches_train_on_the_first_chunk_and_report_late_ones_once(ray_session, tmp_path):
+def test_first_to_arrive_batches_train_on_the_first_chunk_and_report_late_ones_once(ray_session, tmp_path):
     slow = "{step_seconds: 0.002, chunk_steps: 32, slow_prob: 0.5, slow_factor: 20}"
     overrides = [*TINY, "backend=ray", "env.id=raysim.bench.sleeping:SleepingCartPole", f"env.kwargs={slow}"]
-    overrides += ["shards.first_arrived=0.5", "algo.max_policy_lag=1", "train.total_steps=2560"]
+    overrides += ["shards.wait_fraction=0.5", "algo.max_policy_lag=1", "train.total_steps=2560"]
     summary = raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'run'}"]), sinks=None).train()
     logged = rows(tmp_path / "run")
     before = [0] + [r["env_steps"] for r in logged[:-1]]

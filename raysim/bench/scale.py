@@ -12,7 +12,7 @@ collecting alone, measured here first; with stragglers, divided by their expecte
 parallel efficiency (their ratio), the learner's idle fraction (time waiting for chunks / (that +
 update time)), the mean policy lag and the cores busy on the whole machine (every process counted).
 Modes: ``lockstep`` (``algo.max_policy_lag=0``), ``overlapped`` (lag 1) and, with stragglers,
-``overlapped+first`` (lag 1, ``shards.first_arrived=0.75``: each batch is the first 75% of chunks to arrive).
+``overlapped+first`` (lag 1, ``shards.wait_fraction=0.75``: each batch is the first 75% of chunks to arrive).
 
 ``raysim bench scale`` (``--shards 1,2,4,8,16,32``, ``--straggle-at 16``, ``--iterations``, ``--plot``).
 """
@@ -30,7 +30,7 @@ SLOW = {"slow_prob": 0.1, "slow_factor": 5.0}
 MODES = {
     "lockstep": ["algo.max_policy_lag=0"],
     "overlapped": ["algo.max_policy_lag=1"],
-    "overlapped+first": ["algo.max_policy_lag=1", "shards.first_arrived=0.75"],
+    "overlapped+first": ["algo.max_policy_lag=1", "shards.wait_fraction=0.75"],
 }
 
 

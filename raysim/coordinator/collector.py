@@ -1,36 +1,50 @@
-"""``Collector``: the shards' chunks of each iteration, collected ahead of the learner (overlap), with dead
-shards replaced, elastic growth and, optionally, batches of the first chunks to arrive.
+"""``Collector``: the training shards' chunks of each iteration, collected ahead of the learner.
 
-collector = Collector(backend, config, roles.shards, plan, ranks=2)
-batch = collector.collect(weights, version)   # futures the learner resolves; the driver reads receipts only
-learner.update(batch.parts, stale=batch.stale)
-collector.grow()                               # elastic shards: add what the cluster has room for
+    collector = Collector(backend, config, roles, plan, ranks=2)
+    collector.reset()                                  # the shards' states as they are; nothing in flight
+    collected = collector.collect(weights, version)    # futures: the driver reads receipts only
+    learner.update(collected.parts, collected.stale_chunks)
+    collected = collector.recollect(collected, lost)   # after ChunksLost: those chunks collected again
+    collector.grow()                                   # elastic: shards for the room the cluster has now
 
-Each shard keeps ``algo.max_policy_lag + 1`` collections queued (a Ray actor runs its calls in order):
-with lag 0 a shard collects only after the update it waits for (lockstep); with lag L it collects the
-next L chunks with the weights it has while the learner updates, so a chunk reaches an update at most
-L policy versions after the weights that acted. With ``shards.first_arrived`` below 1, each learner
-rank's batch is the first chunks to arrive from its own shards; a late chunk joins a later batch, or,
-past the lag bound, only its env steps and episodes are reported (``stale``).
+The invariant. Let ``L`` be ``algo.max_policy_lag``, ``R`` the learner ranks, ``v`` the version given to
+``collect``. A shard runs its collections in order, and after ``collect`` tops it up it has ``L + 1``
+queued, each acting with the weights that were current when it was queued (version ``u``). A chunk is
+*within the bound* when ``v - u <= L``, else *stale*. Shard ``i`` (its index in ``roles.shards`` when
+``collect`` is called) belongs to rank ``i % R``, and ``collect`` takes from its queue:
+
+- into ``parts[i % R]`` (shards in ascending order): its oldest chunk within the bound, once it arrived.
+  Every shard's, when ``shards.wait_fraction`` is 1; below 1, only the shards that are the first
+  ``ceil(wait_fraction * n)`` (at least one) of the rank's ``n`` shards to deliver such a chunk;
+- into ``stale_chunks[i % R]``: the chunks queued before that one (stale; arrived, as they ran first),
+  and, with ``wait_fraction`` below 1, the stale chunks at the head of its queue that arrived already;
+- nothing else: its other chunks stay queued, in order, for later batches.
+
+So every chunk is taken once, trained on or reported stale. A shard that dies is replaced, and the
+replacement collects the shard's queued chunks within the bound again, each with the weights it was
+queued with (in new episodes: the shard's state died with it); its stale chunks are lost with it.
+Elastic, with no room for a replacement, the shard is removed, with its chunks, when the call returns:
+the shards after it move down one index.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from raysim.actors import Backend, Handle, InputLost
+from raysim.actors import Backend, InputLost
 from raysim.config import Config
-from raysim.coordinator.roles import create_shard, shard_request, start_shard
+from raysim.coordinator.roles import Roles, create_shard, shard_request, start_shard
 from raysim.learner.inputs import ChunksLost
 from raysim.rollout import Collection, EnvShard
 
 
-@dataclass
+@dataclass(eq=False)
 class Launch:
-    """One collection in flight on a shard: its futures and the policy version of the weights it acts with."""
+    """One collection queued on a shard: the weights it acts with (policy ``version``) and its futures (none
+    before it is launched)."""
 
     weights: Any
     version: int
@@ -39,104 +53,106 @@ class Launch:
     state: Any = None  # the shard's state right after this chunk
 
 
-@dataclass
-class Batch:
-    """An iteration's chunks: ``parts[r]`` learner rank r's (futures), ``stale[r]`` its chunks past the lag
-    bound (reported, not trained), the policy version each trained chunk was collected with, and for each
-    of ``parts[r]`` the index of its shard and its collection (``origins[r]``)."""
+@dataclass(eq=False)
+class Lane:
+    """One training shard's collections, oldest first, and its state after the last chunk taken (a future).
+    ``removed``: the shard is gone and is not replaced (elastic, no room); it leaves when the call returns."""
 
-    parts: list[list[Any]]
-    stale: list[list[Any]]
-    versions: list[int] = field(default_factory=list)
-    origins: list[list[tuple[int, Launch]]] = field(default_factory=list)
+    queue: deque[Launch]
+    state: Any = None
+    removed: bool = False
+
+    def take(self) -> Launch:
+        """The oldest collection, out of the queue; the shard's state is now the one after it."""
+        launch = self.queue.popleft()
+        self.state = launch.state
+        return launch
+
+    def futures(self) -> list[Any]:
+        """The futures of every queued collection."""
+        return [f for launch in self.queue for f in (launch.chunk, launch.receipt, launch.state) if f is not None]
+
+
+@dataclass(frozen=True)
+class Collected:
+    """An iteration's chunks, per learner rank ``r``: ``trained[r]``, the collections to train on with the lane
+    of the shard of each, in shard order; ``stale_chunks[r]``, chunks past the lag bound (futures), reported
+    (env steps, episodes), not trained on."""
+
+    trained: list[list[tuple[Lane, Launch]]]
+    stale_chunks: list[list[Any]]
+
+    @property
+    def parts(self) -> list[list[Any]]:
+        """Each rank's chunks to train on (futures)."""
+        return [[launch.chunk for _, launch in rank] for rank in self.trained]
+
+    @property
+    def versions(self) -> list[int]:
+        """The policy version that acted each chunk to train on."""
+        return [launch.version for rank in self.trained for _, launch in rank]
 
 
 class Collector:
-    """Drives the training shards (``shards`` is the roles' list, changed in place)."""
+    """Drives the training shards of ``roles``: it queues their collections, takes their chunks into batches
+    (the module's invariant) and replaces, adds or removes shards through ``roles``."""
 
-    def __init__(self, backend: Backend, config: Config, shards: list[Handle], plan: Collection, ranks: int = 1):
-        self.backend, self.config, self.shards, self.plan, self.ranks = backend, config, shards, plan, ranks
+    def __init__(self, backend: Backend, config: Config, roles: Roles, plan: Collection, ranks: int = 1):
+        self.backend, self.config, self.roles, self.plan, self.ranks = backend, config, roles, plan, ranks
         self.lag = config.algo.max_policy_lag
-        self.first_arrived = config.shards.first_arrived
+        self.wait_fraction = config.shards.wait_fraction
         self.faults = 0  # shards replaced after their process died
         self.next_index = config.shards.count  # elastic: the index (and seed) of the next new shard
-        self.queues: list[deque[Launch]] = [deque() for _ in shards]
         self.version = 0  # the learner's version at the batch being formed
-        self.states: list[Any] = [None] * len(shards)  # each shard's state after its last chunk taken (futures)
+        self.lanes = [Lane(deque()) for _ in roles.shards]  # lanes[i]: roles.shards[i]'s
 
-    def collect(self, weights: Any, version: int) -> Batch:
-        """The next batch: every shard's oldest queued chunk (or, with ``shards.first_arrived``, the first to
-        arrive), after topping every queue up with collections that act with ``weights`` (``version``).
+    @property
+    def states(self) -> list[Any]:
+        """Each shard's state after its last chunk taken (futures), in shard order."""
+        return [lane.state for lane in self.lanes]
 
-        A shard whose process died (killed, node lost) is replaced and its queued chunks collected again,
-        so the batch has its configured size and nothing is counted twice.
-        """
+    def collect(self, weights: Any, version: int) -> Collected:
+        """The next batch (the module's invariant) at learner ``version``: stale chunks that arrived are reported
+        (``wait_fraction`` below 1), every queue is topped up with collections acting with ``weights``, then
+        the chunks to train on are awaited and taken. A shard that dies meanwhile is replaced or removed."""
         self.version = version
-        ranks = range(self.ranks)
-        batch = Batch([[] for _ in ranks], [[] for _ in ranks], origins=[[] for _ in ranks])
-        self._take_stale(batch)
-        for i, queue in enumerate(self.queues):
-            while len(queue) <= self.lag:
-                queue.append(self._launch(i, Launch(weights, version)))
-        taken = self._wait_all() if self.first_arrived >= 1 else self._wait_first()
-        for i in taken:
-            rank, target = i % self.ranks, self._target(i)
-            for _ in range(target):  # finished before the target (an actor runs its calls in order)
-                self._pop(i, batch.stale[rank])
-            launch = self._pop(i, batch.parts[rank])
-            batch.origins[rank].append((i, launch))
-            batch.versions.append(launch.version)
-        return batch
+        trained: list[list[tuple[Lane, Launch]]] = [[] for _ in range(self.ranks)]
+        stale: list[list[Any]] = [[] for _ in range(self.ranks)]
+        if self.wait_fraction < 1:
+            self._take_arrived_stale(stale)
+        self._top_up(weights, version)
+        for i in self._wait_all() if self.wait_fraction >= 1 else self._wait_first():
+            rank, lane = i % self.ranks, self.lanes[i]
+            for _ in range(self._target(lane)):  # queued before the chunk to train on: stale, and arrived
+                stale[rank].append(lane.take().chunk)
+            trained[rank].append((lane, lane.take()))
+        self._remove_gone()
+        return Collected(trained, stale)
 
-    def recollect(self, batch: Batch, error: ChunksLost) -> None:
-        """Chunks of ``batch`` lost with their node before the learner read them (``error.positions[r]``: their
-        positions in rank r's trained, then stale chunks). Each trained one is collected again, with the weights
-        it was collected with, by its shard's replacement (fresh episodes: the shard's state is lost too), so
-        the batch keeps its size; a lost stale chunk is dropped (it was to be reported only)."""
-        again = []
+    def recollect(self, collected: Collected, error: ChunksLost) -> Collected:
+        """``collected`` without the chunks lost with their node before the learner read them
+        (``error.positions[r]``: positions in rank r's trained, then stale chunks): each lost chunk to train on
+        is collected again by a replacement of its shard, with the weights it was collected with (in new
+        episodes), or left out when the shard is removed (elastic, no room); a lost stale chunk is left out."""
+        trained, stale = [], []
         for rank, positions in enumerate(error.positions):
-            trained = len(batch.parts[rank])
-            for p in sorted(positions, reverse=True):
-                if p >= trained:
-                    del batch.stale[rank][p - trained]
-                else:
-                    again.append((batch.origins[rank][p][0], rank, p))
-        for i, rank, p in sorted(again, reverse=True):  # the highest shard first: a shard dropped moves none of them
-            launch = batch.origins[rank][p][1]
-            self.backend.kill(self.shards[i])  # what it collected is gone with its node: it is replaced
-            self.queues[i].appendleft(Launch(launch.weights, launch.version))
-            if self._restart(i, error, "lost its chunk with its node before the learner read it"):
-                if self._received(i, 0) is not None:
-                    batch.parts[rank][p] = self._pop(i, []).chunk
-                    batch.origins[rank][p] = (i, launch)
-                    continue
-            del batch.parts[rank][p], batch.origins[rank][p]  # elastic, no room: the batch is smaller
-
-    def _pop(self, i: int, into: list[Any]) -> Launch:
-        """Shard ``i``'s oldest chunk, taken into ``into``; the shard's state is now the one after it."""
-        launch = self.queues[i].popleft()
-        self.states[i] = launch.state
-        into.append(launch.chunk)
-        return launch
-
-    def _take_stale(self, batch: Batch) -> None:
-        """Finished chunks of a late shard that are past the lag bound now: reported, not trained (first-arrived
-        batches only; the shard collects within the bound again)."""
-        i = 0
-        while self.first_arrived < 1 and i < len(self.shards):
-            queue = self.queues[i]
-            if queue and self.version - queue[0].version > self.lag and self.backend.wait([queue[0].receipt], 1, 0):
-                if self._received(i, 0) is not None and self.queues[i] is queue:  # neither dropped nor replaced
-                    self._pop(i, batch.stale[i % self.ranks])
-                continue  # the same index again: its next chunk, its replacement, or the next shard
-            i += 1
+            lost, count = set(positions), len(collected.trained[rank])
+            stale.append([c for p, c in enumerate(collected.stale_chunks[rank]) if count + p not in lost])
+            kept = []
+            for p, (lane, launch) in enumerate(collected.trained[rank]):
+                again = self._collect_again(lane, launch, error) if p in lost else launch
+                if again is not None:
+                    kept.append((lane, again))
+            trained.append(kept)
+        self._remove_gone()
+        return Collected(trained, stale)
 
     def reset(self) -> None:
-        """Drop every collection in flight (the shards start now or were set to an earlier state: they collect
+        """Drop every collection in flight (the shards start now, or were set to an earlier state: they collect
         anew) and take every shard's state as it is (a checkpoint's, until a chunk of it is taken)."""
-        self.backend.discard([f for q in self.queues for launch in q for f in (launch.chunk, launch.receipt)])
-        self.queues = [deque() for _ in self.shards]
-        self.states = [s.call(EnvShard.get_state) for s in self.shards]
+        self.backend.discard([f for lane in self.lanes for f in lane.futures()])
+        self._remove_gone()
+        self.lanes = [Lane(deque(), shard.call(EnvShard.get_state)) for shard in self.roles.shards]
 
     def grow(self) -> None:
         """Elastic shards: at an iteration boundary, add shards for the room the cluster has now.
@@ -146,107 +162,130 @@ class Collector:
         were collected.
         """
         config = self.config
-        add = min(self.backend.room_for(shard_request(config)), config.shards.max - len(self.shards))
-        for _ in range(add):
-            shard = create_shard(self.backend, config, self.next_index)
-            self.shards.append(shard)
-            self.queues.append(deque())
-            self.states.append(shard.call(EnvShard.get_state))
-            self.next_index += 1
-        if add > 0:
-            print(f"raysim: elastic: added {add} shard(s) for new capacity; {len(self.shards)} shards now", flush=True)
+        add = min(self.backend.room_for(shard_request(config)), config.shards.max - len(self.lanes))
+        new = [create_shard(self.backend, config, self.next_index + k) for k in range(add)]
+        if not new:
+            return
+        self.next_index += len(new)
+        self.roles.add_shards(new)
+        self.lanes = [*self.lanes, *(Lane(deque(), shard.call(EnvShard.get_state)) for shard in new)]
+        print(f"raysim: elastic: added {len(new)} shard(s) for new capacity; {len(self.lanes)} shards now", flush=True)
 
-    # -- waiting for chunks --------------------------------------------------------------------
+    # -- the steps of a batch ------------------------------------------------------------------
 
-    def _target(self, i: int) -> int | None:
-        """The index of shard ``i``'s oldest queued chunk within the lag bound (None: none is)."""
-        fresh = (j for j, launch in enumerate(self.queues[i]) if self.version - launch.version <= self.lag)
-        return next(fresh, None)
+    def _take_arrived_stale(self, stale: list[list[Any]]) -> None:
+        """Report the stale chunks at the head of each shard's queue that arrived already: a late shard catches
+        up to the bound (``wait_fraction`` below 1)."""
+        for i, lane in enumerate(self.lanes):
+            while lane.queue and not self._within_bound(lane.queue[0]) and self._ready(lane.queue[0]):
+                if self._arrived(i, 0):  # else the shard died: a replacement queues only chunks within the bound
+                    stale[i % self.ranks].append(lane.take().chunk)
+
+    def _top_up(self, weights: Any, version: int) -> None:
+        """Queue collections acting with ``weights`` (``version``) until every shard has ``L + 1``."""
+        for i, lane in enumerate(self.lanes):
+            while not lane.removed and len(lane.queue) <= self.lag:
+                lane.queue.append(self._launch(i, weights, version))
 
     def _wait_all(self) -> list[int]:
-        """Every shard, once its chunk to train on arrived, in shard order (dead shards replaced)."""
-        i = 0
-        while i < len(self.shards):
-            if self._received(i, self._target(i)) is None:  # dropped: the same index is the next shard now
-                continue
-            i += 1
-        return list(range(len(self.shards)))
+        """Every shard, in order, once its chunk to train on arrived."""
+        for i in range(len(self.lanes)):
+            self._await_target(i)
+        return [i for i, lane in enumerate(self.lanes) if not lane.removed]
 
     def _wait_first(self) -> list[int]:
-        """Per learner rank, the first ``shards.first_arrived`` of its shards whose chunk to train on arrived."""
-        while True:
-            taken: list[int] = []
-            for rank in range(self.ranks):
-                mine = [i for i in range(len(self.shards)) if i % self.ranks == rank and self._target(i) is not None]
-                if not mine:
-                    raise RuntimeError(f"learner rank {rank} has no shard collecting within algo.max_policy_lag")
-                need = min(len(mine), max(1, math.ceil(self.first_arrived * len(mine))))
-                receipts = [self.queues[i][self._target(i)].receipt for i in mine]
-                ready = [mine[j] for j in self.backend.wait(receipts, need)]
-                if any(self._received(i, self._target(i)) is None for i in ready):
-                    break  # a shard was dropped: the indices moved, choose again
-                taken += ready
-            else:
-                return sorted(taken)
+        """Per rank, the shards that were first to deliver their chunk to train on (``_first_ready``), in order;
+        when one of them died (replaced or removed), the rank chooses again."""
+        chosen = []
+        for rank in range(self.ranks):
+            ready = self._first_ready(rank)
+            while not all(self._arrived(i, self._target(self.lanes[i])) for i in ready):
+                ready = self._first_ready(rank)
+            chosen += ready
+        return sorted(chosen)
 
-    def _received(self, i: int, j: int) -> bool | None:
-        """Wait for the receipt of shard ``i``'s queued chunk ``j``: True; the shard died and was replaced: its
-        chunks within the lag bound relaunched, True once received; dropped (elastic, no room): None."""
-        while True:
-            try:
-                self.backend.get(self.queues[i][j].receipt)
-                return True
-            except Exception as error:
-                if not self.backend.is_actor_failure(error):
-                    self.backend.discard([f for launch in self.queues[i] for f in (launch.chunk, launch.receipt)])
-                    raise
-                if not self._restart(i, error):
-                    return None
-                if not self.queues[i]:
-                    return True
-                j = 0  # every relaunched chunk is within the bound
+    def _first_ready(self, rank: int) -> list[int]:
+        """The first ``ceil(wait_fraction * n)`` (at least one) of the ``n`` shards of ``rank`` with a chunk within
+        the bound whose chunk is ready (arrived, or failed: its shard died)."""
+        mine = [i for i, lane in enumerate(self.lanes) if i % self.ranks == rank and not lane.removed]
+        mine = [i for i in mine if self._target(self.lanes[i]) is not None]
+        if not mine:
+            raise RuntimeError(f"learner rank {rank} has no shard collecting within algo.max_policy_lag")
+        need = min(len(mine), max(1, math.ceil(self.wait_fraction * len(mine))))
+        receipts = [self.lanes[i].queue[self._target(self.lanes[i])].receipt for i in mine]
+        return [mine[j] for j in self.backend.wait(receipts, need)]
 
-    def _restart(self, i: int, error: Exception, why: str = "died during its rollout") -> bool:
-        """Shard ``i`` is gone (``why``): its replacement collects its queued chunks within the lag bound again
-        (True), or, elastic without room for one, it is dropped (False)."""
-        queue = self.queues[i]
-        self.backend.discard([f for launch in queue for f in (launch.chunk, launch.receipt) if f is not None])
+    def _collect_again(self, lane: Lane, launch: Launch, error: Exception) -> Launch | None:
+        """``launch``'s chunk, lost with its shard's node, collected again first by the shard's replacement;
+        None when the shard is removed instead (elastic, no room)."""
+        i = self.lanes.index(lane)
+        self.backend.kill(self.roles.shards[i])  # what it collected is gone with its node
+        lane.queue.appendleft(Launch(launch.weights, launch.version))
+        self._recover(i, error, "lost its chunk with its node before the learner read it")
+        self._await_target(i)  # the chunk again: the oldest within the bound
+        return None if lane.removed else lane.take()
+
+    # -- one shard ---------------------------------------------------------------------------------
+
+    def _target(self, lane: Lane) -> int | None:
+        """The position in ``lane``'s queue of its oldest chunk within the bound (None: it has none)."""
+        return next((j for j, launch in enumerate(lane.queue) if self._within_bound(launch)), None)
+
+    def _within_bound(self, launch: Launch) -> bool:
+        return self.version - launch.version <= self.lag
+
+    def _ready(self, launch: Launch) -> bool:
+        """Whether ``launch``'s receipt is ready now (arrived, or failed), without waiting."""
+        return bool(self.backend.wait([launch.receipt], 1, 0))
+
+    def _launch(self, i: int, weights: Any, version: int) -> Launch:
+        """A collection on shard ``i`` acting with ``weights`` (``version``), queued on the shard's actor."""
+        futures = self.roles.shards[i].call_split(EnvShard.collect, weights, self.plan, returns=3)
+        return Launch(weights, version, *futures)
+
+    def _await_target(self, i: int) -> None:
+        """Wait until shard ``i``'s chunk to train on arrived, from a replacement when the shard dies (as often as
+        it does), or the shard is removed."""
+        lane = self.lanes[i]
+        while not lane.removed and not self._arrived(i, self._target(lane)):
+            pass  # the shard died and was replaced: the replacement collects the chunk again
+
+    def _arrived(self, i: int, position: int) -> bool:
+        """Wait for the receipt of the chunk at ``position`` in shard ``i``'s queue: whether it arrived. False:
+        the shard died meanwhile and was recovered (``_recover``: replaced, or marked removed)."""
+        lane = self.lanes[i]
         try:
-            replaced = self._replace(i, error, why)
-        except InputLost:  # the weights are lost with the learner: every chunk in flight too
-            self.reset()
-            raise
-        if not replaced:
-            del self.queues[i], self.states[i]
+            self.backend.get(lane.queue[position].receipt)
+            return True
+        except Exception as error:
+            if not self.backend.is_actor_failure(error):
+                self.backend.discard(lane.futures())
+                raise
+            self._recover(i, error)
             return False
-        self.states[i] = self.shards[i].call(EnvShard.get_state)  # before its first chunk
-        fresh = [old for old in queue if self.version - old.version <= self.lag]
-        self.queues[i] = deque(self._launch(i, Launch(old.weights, old.version)) for old in fresh)
-        return True
 
-    def _launch(self, i: int, launch: Launch) -> Launch:
-        launch.chunk, launch.receipt, launch.state = self.shards[i].call_split(
-            EnvShard.collect, launch.weights, self.plan, returns=3
-        )
-        return launch
+    def _recover(self, i: int, error: Exception, why: str = "died during its rollout") -> None:
+        """Shard ``i`` is gone (``why``): a replacement queues its chunks within the bound again, each with the
+        weights it was queued with; elastic without room for one, the shard is marked removed.
 
-    def _replace(self, i: int, error: Exception, why: str) -> bool:
-        """Shard ``i`` died (``why``): replace it (True), or drop it when elastic and there is no room (False)."""
-        config = self.config
-        if self.backend.alive(self.shards[i], EnvShard.spaces):  # the shard is fine: its input, the weights, is lost
+        Raises ``InputLost`` when the shard still answers (it could not read the learner's weights, lost with
+        the learner: every collection in flight is dropped), ``RuntimeError`` once ``shards.max_restarts`` are
+        used up.
+        """
+        lane, config = self.lanes[i], self.config
+        self.backend.discard(lane.futures())
+        if self.backend.alive(self.roles.shards[i], EnvShard.spaces):
+            self.reset()
             raise InputLost(f"shard {i} could not read the learner's weights: {error}") from error
-        if (
-            config.shards.max
-            and len(self.shards) > config.shards.count
-            and self.backend.room_for(shard_request(config)) < 1
-        ):
+        if self._no_room_for_replacement():
+            live = sum(not other.removed for other in self.lanes)
             print(
                 f"raysim: elastic: shard {i} was lost with its node and there is no room for a "
-                f"replacement; continuing with {len(self.shards) - 1} shards",
+                f"replacement; continuing with {live - 1} shards",
                 flush=True,
             )
-            del self.shards[i]
-            return False
+            lane.removed, lane.queue = True, deque()
+            return
         self.faults += 1
         if self.faults > config.shards.max_restarts:
             raise RuntimeError(
@@ -258,5 +297,21 @@ class Collector:
             f"replaced it, collecting its part of the iteration again",
             flush=True,
         )
-        self.shards[i] = start_shard(self.backend, config, i, generation=self.faults)
-        return True
+        self.roles.replace_shard(i, start_shard(self.backend, config, i, generation=self.faults))
+        lane.state = self.roles.shards[i].call(EnvShard.get_state)  # before its first chunk
+        kept = [launch for launch in lane.queue if self._within_bound(launch)]
+        lane.queue = deque(self._launch(i, launch.weights, launch.version) for launch in kept)
+
+    def _no_room_for_replacement(self) -> bool:
+        """Elastic, above ``shards.count`` shards, and the cluster has no room for another shard now."""
+        config, live = self.config, sum(not lane.removed for lane in self.lanes)
+        return (
+            bool(config.shards.max) and live > config.shards.count and self.backend.room_for(shard_request(config)) < 1
+        )
+
+    def _remove_gone(self) -> None:
+        """The shards marked removed leave ``roles`` and the lanes; the shards after them move down."""
+        gone = {i for i, lane in enumerate(self.lanes) if lane.removed}
+        if gone:
+            self.roles.remove_shards(gone)
+            self.lanes = [lane for lane in self.lanes if not lane.removed]

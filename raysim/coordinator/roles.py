@@ -16,13 +16,26 @@ from raysim.seeding import derive_seed
 
 @dataclass
 class Roles:
-    """The actors of a run (the shard lists change as shards are replaced or added)."""
+    """The actors of a run. ``shards`` is a tuple, never changed in place: replacing, adding or removing
+    training shards (the ``Collector`` does) gives ``Roles`` a new one, so one read earlier stays as it was."""
 
-    shards: list[Handle]
+    shards: tuple[Handle, ...]
     eval_shards: list[Handle]
     learner: LearnerGroup
     max_episode_steps: int | None
     spaces: tuple  # the env's observation spaces and action space, to build a learner again
+
+    def replace_shard(self, index: int, shard: Handle) -> None:
+        """Training shard ``index`` is ``shard`` from now on."""
+        self.shards = (*self.shards[:index], shard, *self.shards[index + 1 :])
+
+    def add_shards(self, shards: list[Handle]) -> None:
+        """``shards`` join the training shards, after the others."""
+        self.shards = (*self.shards, *shards)
+
+    def remove_shards(self, indices: set[int]) -> None:
+        """The training shards at ``indices`` are gone; the others keep their order."""
+        self.shards = tuple(s for i, s in enumerate(self.shards) if i not in indices)
 
 
 def shard_request(config: Config) -> dict[str, float]:
@@ -113,4 +126,4 @@ def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) 
     eval_shards = [
         create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)
     ]
-    return Roles(shards, eval_shards, learner, started[0][2], spaces)
+    return Roles(tuple(shards), eval_shards, learner, started[0][2], spaces)

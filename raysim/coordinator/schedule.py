@@ -27,7 +27,7 @@ class Schedule:
     def of(cls, config: Config) -> Schedule:
         per_row = algorithm_class(config.algo.name).collection(config.algo).steps_per_row
         rows = config.shards.count * config.env.num_envs
-        fixed = per_row is not None and not config.shards.max and config.shards.first_arrived >= 1
+        fixed = per_row is not None and not config.shards.max and config.shards.wait_fraction >= 1
         planned, total = planned_iterations(config), config.train.total_steps
         return cls(fixed, planned, planned * rows * per_row if fixed else total, total, config.train.log_every)
 

@@ -29,7 +29,7 @@ from raysim.config import Config, check_config, to_dict
 from raysim.coordinator import faults
 from raysim.coordinator.claim import RunClaim
 from raysim.coordinator.cluster import start_backend
-from raysim.coordinator.collector import Batch, Collector
+from raysim.coordinator.collector import Collected, Collector
 from raysim.coordinator.memory import memory_need
 from raysim.coordinator.preflight import check_env_and_model, check_renders, check_run_dir, check_weights_fit
 from raysim.coordinator.recovery import ResumePoint, restart_learner, restore, resume_point
@@ -170,7 +170,7 @@ class Trainer:
         cfg = self.config
         roles = create_roles(backend, cfg, self.schedule.horizon, self.spaces)
         try:
-            collector = Collector(backend, cfg, roles.shards, self.plan, cfg.learner.ranks)
+            collector = Collector(backend, cfg, roles, self.plan, cfg.learner.ranks)
             if self.resume:
                 ready = restore(self.resume, cfg, self.run_dir, self.checkpoints, backend, roles)
             else:
@@ -308,17 +308,17 @@ class Trainer:
         if log and self.reporter is not None:
             s.reporter_stop = bool(self.reporter(s.record, s.ready.saved))
 
-    def _update(self, s: Session, batch: Batch, log: bool, env_steps: int) -> dict[str, float]:
+    def _update(self, s: Session, batch: Collected, log: bool, env_steps: int) -> dict[str, float]:
         """The learner's update on ``batch``. Chunks lost with their node before the learner read them (no rank
         updated) are collected again by their shards' replacements, and the update runs on the whole batch."""
         while True:
             try:
-                return s.roles.learner.update(batch.parts, batch.stale, log=log, env_steps=env_steps)
+                return s.roles.learner.update(batch.parts, batch.stale_chunks, log=log, env_steps=env_steps)
             except Exception as error:
                 lost = cause(error)
                 if not isinstance(lost, ChunksLost):
                     raise
-                s.collector.recollect(batch, lost)
+                batch = s.collector.recollect(batch, lost)
 
     def _save_due(self, s: Session) -> bool:
         """Every ``checkpoint.every`` iterations and every ``checkpoint.every_seconds`` of wall time."""

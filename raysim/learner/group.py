@@ -51,20 +51,20 @@ class LearnerGroup:
         return len(self.handles)
 
     def update(
-        self, parts: list[list[Any]], stale: list[list[Any]] | None = None, log: bool = True, env_steps: int = 0
+        self, parts: list[list[Any]], stale_chunks: list[list[Any]] | None = None, log: bool = True, env_steps: int = 0
     ) -> dict[str, float]:
-        """One update on all ranks: rank ``r`` trains on ``parts[r]`` (and reports ``stale[r]``, chunks past
+        """One update on all ranks: rank ``r`` trains on ``parts[r]`` (and reports ``stale_chunks[r]``, chunks past
         the lag bound); ``env_steps``: consumed before it (the schedule's clock).
 
         Returns rank 0's counters (``env_steps`` and ``stale_steps`` summed over the ranks) and, with
         ``log``, the metrics since the last log step, already reduced across the ranks (``Learner.metrics``).
         """
-        stale = stale or [[] for _ in parts]
+        stale_chunks = stale_chunks or [[] for _ in parts]
         calls = [
             h.call_split(
                 Learner.update_and_snapshot,
-                [*parts[r], *stale[r]],  # in a list: each rank reads its chunks itself (raysim.learner.inputs)
-                stale=len(stale[r]),
+                [*parts[r], *stale_chunks[r]],  # in a list: each rank reads its chunks itself (raysim.learner.inputs)
+                num_stale=len(stale_chunks[r]),
                 log=log,
                 env_steps=env_steps,
                 returns=2,

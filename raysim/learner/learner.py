@@ -136,11 +136,12 @@ class Learner:
         return ArrayDict(cpu_copy(self.state_dict() if self.ranks.rank == 0 else self.rank_state()))
 
     def update_and_snapshot(
-        self, chunks: list[Any], stale: int = 0, log: bool = True, env_steps: int = 0
+        self, chunks: list[Any], num_stale: int = 0, log: bool = True, env_steps: int = 0
     ) -> tuple[dict[str, float], dict[str, Any]]:
         """``update`` and then ``snapshot``: the coordinator receives both as separate objects. ``chunks``: refs
         in a list, read here (a chunk lost with its node: ``ChunksLost`` on every rank, see ``read_chunks``)."""
-        return self.update(*read_chunks(self.ranks, chunks), stale=stale, log=log, env_steps=env_steps), self.snapshot()
+        result = self.update(*read_chunks(self.ranks, chunks), num_stale=num_stale, log=log, env_steps=env_steps)
+        return result, self.snapshot()
 
     def load_state(self, state: dict[str, Any]) -> int:
         """Restore a checkpoint's learner state on every rank (errors agreed on); returns the policy version.
@@ -171,10 +172,12 @@ class Learner:
         """The rate of an update after ``env_steps`` consumed env steps: ``algo.lr``, or linear to 0 at ``horizon``."""
         return self.lr * max(0.0, 1.0 - env_steps / self.horizon) if self.linear else self.lr
 
-    def update(self, *chunks: RolloutChunk, stale: int = 0, log: bool = True, env_steps: int = 0) -> dict[str, float]:
+    def update(
+        self, *chunks: RolloutChunk, num_stale: int = 0, log: bool = True, env_steps: int = 0
+    ) -> dict[str, float]:
         """One update on the chunks; returns counters, and at a log step the metrics.
 
-        The last ``stale`` chunks arrived past the policy-lag bound: their env steps and episodes are
+        The last ``num_stale`` chunks arrived past the policy-lag bound: their env steps and episodes are
         counted and reported, they are not trained on.
 
         ``env_steps``: the env steps the run consumed before this update (the run state's, summed over
@@ -185,7 +188,7 @@ class Learner:
         last log step; with ``log`` (or a later ``metrics()`` call) they are reduced across ranks
         and copied to the host once (see ``metrics``).
         """
-        trained = chunks[: len(chunks) - stale]
+        trained = chunks[: len(chunks) - num_stale]
         chunks_here = [to_device(c, self.device) for c in trained]
         self.update_normalizers(chunks_here)  # before the algorithm's values and advantages (model.obs_norm)
         lr = self.learning_rate(env_steps)

@@ -85,7 +85,7 @@ class Events:
     def lose_a_finished_chunk(self) -> None:
         """Shard 0's node goes once the chunk it collected ahead (the next batch's) finished: the chunk is lost
         before the learner reads it. A new node takes its place."""
-        ahead = [launch.receipt for launch in self.trainer.session.collector.queues[0]]
+        ahead = [launch.receipt for launch in self.trainer.session.collector.lanes[0].queue]
         ray.wait(ahead, num_returns=len(ahead), fetch_local=False)
         lost = next(n for n in self.workers if n.node_id == self.placement[0])
         self.removed = lost.node_id
