@@ -119,7 +119,7 @@ def measure_images(args, payloads: tuple[str, ...] = (CAMERA, ATARI)) -> dict[st
 
 
 def _measure_payload(args, payload: str) -> tuple[tuple[int, int], dict[str, list[float]], list[float]]:
-    """One payload between two fresh actors: its sizes, each way's times, the actors' peak RSS."""
+    """One payload between two new actors: its sizes, each way's times, the actors' peak RSS."""
     import ray
 
     remote = ray.remote(num_cpus=0)

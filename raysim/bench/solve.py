@@ -7,7 +7,7 @@ actor creation, and the end-to-end time (start-up + training, evaluation exclude
 
 - ``raysim``: ``raysim.Trainer`` with the packaged ``cartpole_ppo`` config through Ray actors
   (shards, evaluation shard and learner), ``eval.every_steps=10000``, ``eval.stop_return=475``;
-  a fresh embedded Ray per seed;
+  a new embedded Ray per seed;
 - ``CleanRL-style``: ``benchmarks/cleanrl_ppo.py`` (CleanRL ppo.py defaults), in this process;
 - ``SB3``: Stable-Baselines3 PPO with the rl-zoo CartPole-v1 settings, when installed.
 

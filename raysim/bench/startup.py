@@ -1,6 +1,6 @@
 """Start-up benchmark: raysim's time before its first iteration against Ray's own floor, side by side.
 
-Each measurement runs in a fresh Python process whose imports (torch, ray, raysim) are done before its
+Each measurement runs in a new Python process whose imports (torch, ray, raysim) are done before its
 clock starts, alternating between the two kinds, ``--repeats`` times each:
 
 - ``Ray floor``: ``ray.init`` exactly as raysim starts its embedded Ray for the config (the same call,
@@ -77,7 +77,7 @@ def measure_raysim(config_name: str) -> dict:
 
 
 def run_child(kind: str, config_name: str) -> dict:
-    """One measurement in a fresh process (its imports done before its clock starts)."""
+    """One measurement in a new process (its imports done before its clock starts)."""
     done = subprocess.run(
         [sys.executable, "-m", "raysim.bench.startup", "--one", kind, "--config", config_name],
         capture_output=True,

@@ -132,7 +132,7 @@ class Collector:
     def recollect(self, collected: Collected, error: ChunksLost) -> Collected:
         """``collected`` without the chunks lost with their node before the learner read them
         (``error.positions[r]``: positions in rank r's trained, then stale chunks): each lost chunk to train on
-        is collected again by a replacement of its shard, with the weights it was collected with (in new
+        is collected again by a replacement of its shard, with the weights it was collected with (in fresh
         episodes), or left out when the shard is removed (elastic, no room); a lost stale chunk is left out."""
         trained, stale = [], []
         for rank, positions in enumerate(error.positions):

@@ -1,4 +1,4 @@
-"""``evaluate(run_dir)``: a saved policy evaluated on fresh evaluation shards (``raysim eval``)."""
+"""``evaluate(run_dir)``: a saved policy evaluated on new evaluation shards (``raysim eval``)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def evaluate_config(
     on_episode: Callable[[dict], None] | None = None,
     film: Film | None = None,
 ) -> EvalReport:
-    """Evaluate the actor of a checkpoint's ``state`` as ``config.eval`` says, on fresh evaluation shards."""
+    """Evaluate the actor of a checkpoint's ``state`` as ``config.eval`` says, on new evaluation shards."""
     weights = {"version": int(meta.get("iteration", 0)), "actor": actor_state(state["model"])}
     check_env_and_model(config)  # an env that cannot be built here (its package missing) is said before Ray starts
     if film is not None:

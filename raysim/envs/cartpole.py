@@ -88,9 +88,9 @@ class CartPole(TorchEnv):
             pick = torch.randint(len(self.initial_states), (rows.numel(),), generator=generator, device=self.device)
             self.state[rows] = self.initial_states[pick]
             return
-        fresh = torch.rand(rows.numel(), 4, generator=generator, device=self.device)
+        initial = torch.rand(rows.numel(), 4, generator=generator, device=self.device)
         c = self._scratch() and self._constants
-        self.state[rows] = fresh.mul_(c["0.1"]).sub_(c["0.05"])  # fresh * 0.1 - 0.05, in [-0.05, 0.05)
+        self.state[rows] = initial.mul_(c["0.1"]).sub_(c["0.05"])  # initial * 0.1 - 0.05, in [-0.05, 0.05)
 
     def _advance(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gymnasium's Euler step, op for op the plain expression below, in place into scratch buffers.

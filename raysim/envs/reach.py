@@ -356,5 +356,5 @@ class Reach(TorchEnv):
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
         super().set_state(state)
         self.action_term.target = state["action_target"].to(self.device).clone()
-        if "noise_key" in state:  # states saved before the keys existed continue with fresh keys
+        if "noise_key" in state:  # states saved before the keys existed continue with new keys
             self.noise_key = state["noise_key"].to(self.device).clone()

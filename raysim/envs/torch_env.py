@@ -65,7 +65,7 @@ class TorchEnv(BatchedEnv):
     # -- what a task implements -------------------------------------------------------------
 
     def _reset_state(self, rows: torch.Tensor, generator: torch.Generator) -> None:
-        """Write fresh initial states, drawn from ``generator``, into ``rows``."""
+        """Write new initial states, drawn from ``generator``, into ``rows``."""
         raise NotImplementedError
 
     def _advance(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,7 +34,7 @@ class RolloutChunk:
     policy_version: int
     shard: int = 0
     nonfinite: int = 0  # rows masked because the env returned a non-finite value
-    fresh: bool = False  # the rows started fresh episodes here (a new or replaced shard): running sums restart
+    fresh: bool = False  # fresh episodes: every row starts a new one here, none continued (a new or replaced shard)
     # a recurrent actor's (model.recurrent), so the learner replays the rows' sequences; None otherwise:
     state0: torch.Tensor | None = None  # [N, S] each row's state before obs[0] (zeroed where starts[0])
     starts: torch.Tensor | None = None  # [T+1, N] bool, obs[t] starts an episode of the row: its state is zeroed first

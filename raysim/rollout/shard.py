@@ -288,7 +288,8 @@ class EnvShard:
         return action
 
     def take_fresh(self) -> bool:
-        """Whether this chunk starts fresh episodes (only the first chunk after a reset does)."""
+        """Whether this chunk starts fresh episodes (only the first after the shard was created or started them
+        anew: ``start_fresh``, or ``set_state`` without the saved episodes)."""
         fresh, self.fresh = self.fresh, False
         return fresh
 
