@@ -14,15 +14,15 @@ queued, each acting with the weights that were current when it was queued (versi
 ``collect`` is called) belongs to rank ``i % R``, and ``collect`` takes from its queue:
 
 - into ``parts[i % R]`` (shards in ascending order): its oldest chunk within the bound, once it arrived.
-  Every shard's, when ``shards.wait_fraction`` is 1; below 1, only the shards that are the first
-  ``ceil(wait_fraction * n)`` (at least one) of the rank's ``n`` shards to deliver such a chunk;
+  Every shard's, when ``shards.wait_fraction`` is 1; below 1, only those of the first
+  ``ceil(wait_fraction * n)`` (at least one) to arrive of the rank's ``n`` shards that have one queued;
 - into ``stale_chunks[i % R]``: the chunks queued before that one (stale; arrived, as they ran first),
   and, with ``wait_fraction`` below 1, the stale chunks at the head of its queue that arrived already;
 - nothing else: its other chunks stay queued, in order, for later batches.
 
 So every chunk is taken once, trained on or reported stale. A shard that dies is replaced, and the
 replacement collects the shard's queued chunks within the bound again, each with the weights it was
-queued with (in new episodes: the shard's state died with it); its stale chunks are lost with it.
+queued with (in fresh episodes: the shard's state died with it); its stale chunks are lost with it.
 Elastic, with no room for a replacement, the shard is removed, with its chunks, when the call returns:
 the shards after it move down one index.
 """
