@@ -339,7 +339,7 @@ def rename_old_keys(data: dict, where: str, prefix: str = "") -> None:
 
 def deprecation_note(where: str, old: str) -> None:
     """One line on stderr: ``old`` is read as its new name, which the config should use."""
-    print(f"raysim: {where}: {old} is deprecated, read as {RENAMED[old]}; use {RENAMED[old]}", file=sys.stderr)
+    print(f"raysim: {where}: {old} is deprecated: read as {RENAMED[old]}, its new name", file=sys.stderr)
 
 
 def from_dict(cls: type, data: Any, where: str, prefix: str = "") -> Any:

@@ -152,7 +152,7 @@ def test_the_old_name_shards_first_arrived_is_read_as_shards_wait_fraction_with_
     assert load_config(old).shards.wait_fraction == 0.5
     note = capsys.readouterr().err
     assert note.count("\n") == 1 and note.startswith(f"raysim: {old}: shards.first_arrived is deprecated")
-    assert "use shards.wait_fraction" in note
+    assert note.endswith("read as shards.wait_fraction, its new name\n")
     assert load_config(old, ["shards.wait_fraction=0.25"]).shards.wait_fraction == 0.25  # --set wins over the file
     assert load_config(None, ["shards.first_arrived=0.75"]).shards.wait_fraction == 0.75
     assert load_config(None, ["shards={count: 2, first_arrived: 0.75}"]).shards.wait_fraction == 0.75
