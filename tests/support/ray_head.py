@@ -66,7 +66,11 @@ class RayHead:
             self.command += [flag, str(free_port())]  # no clash with another Ray on this machine
 
     def __enter__(self) -> RayHead:
-        subprocess.run(self.command, check=True, capture_output=True, text=True, env=self.env, timeout=120)
+        try:
+            subprocess.run(self.command, check=True, capture_output=True, text=True, env=self.env, timeout=120)
+        except BaseException:  # a start that failed or timed out (a loaded machine) leaves no processes behind
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
