@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from raysim.bench import mujoco
-from raysim.bench.results import read_results, run_name
+from raysim.bench.results import read_results, run_name, run_settings
 from raysim.bench.welch import t_cdf, t_quantile, welch
 
 WHEN = {"host": "box", "cpus": 2, "started": "2026-12-01T10:00:00+00:00"}
@@ -39,8 +39,9 @@ def curve(out: Path, row: dict, end: float) -> None:
 
 @pytest.fixture
 def results(tmp_path) -> Path:
-    """Hopper overlapped (2,000 / 2,400 / 2,800) and lockstep (2,600 / 3,000 / 3,400) over three seeds,
-    Reach with successes over two, and one HalfCheetah line as written before lines recorded overrides."""
+    """Hopper overlapped (2,000 / 2,400 / 2,800), run when the config was packaged so, and lockstep (2,600 /
+    3,000 / 3,400, as packaged now) over three seeds, Reach with successes over two, and one HalfCheetah line
+    as written before lines recorded overrides."""
     out = tmp_path / "bench"
     rows = []
     for seed, (ours, lockstep) in enumerate(((2000.0, 2600.0), (2400.0, 3000.0), (2800.0, 3400.0)), start=1):
@@ -54,7 +55,7 @@ def results(tmp_path) -> Path:
     for seed, k in ((1, 394), (2, 398)):
         rows.append(
             line("reach_ppo", "raysim/Reach", seed, -1.0, eval_episodes=400, eval_successes=k,
-                 eval_success_lower=mujoco.wilson(k, 400)[0], max_policy_lag=1, **WHEN)
+                 eval_success_lower=mujoco.wilson(k, 400)[0], max_policy_lag=0, **WHEN)
         )  # fmt: skip
     old = line("halfcheetah_ppo", "HalfCheetah-v5", 1, 1700.0)
     del old["overrides"]
@@ -80,11 +81,11 @@ def test_table_writes_one_table_per_task_with_the_mean_and_std_over_seeds(result
     for text in tasks.values():
         assert text.count("| settings | budget | seed |") == 1  # one table per task
     hopper = tasks["hopper_ppo"]
-    assert "| packaged | 1,000,000 | 2 | 2,400.0 | 2,500.0 | - | 302.0 |" in hopper
-    assert "| packaged | 1,000,000 | **mean +- std (3 seeds)** | 2,400.0 +- 400.0 | 2,500.0 +- 400.0 | - |" in hopper
-    lockstep = "| `algo.max_policy_lag=0` | 1,000,000 | **mean +- std (3 seeds)** | 3,000.0 +- 400.0 |"
-    assert lockstep in hopper  # the override's runs are apart from the packaged ones
-    assert hopper.index("| packaged |") < hopper.index("| `algo.max_policy_lag=0` |")
+    overlapped = "| `algo.max_policy_lag=1` | 1,000,000 |"  # packaged so then: read against the config as now
+    assert f"{overlapped} 2 | 2,400.0 | 2,500.0 | - | 302.0 |" in hopper
+    assert f"{overlapped} **mean +- std (3 seeds)** | 2,400.0 +- 400.0 | 2,500.0 +- 400.0 | - |" in hopper
+    assert "| packaged | 1,000,000 | **mean +- std (3 seeds)** | 3,000.0 +- 400.0 |" in hopper  # lag 0: packaged
+    assert hopper.index("| packaged |") < hopper.index(overlapped)
     assert "| CleanRL, published (v4) | 1,000,000 | - | 2,382.9 +- 271.7 |" in hopper
     assert "v5, with the same dynamics and rewards" in page
     cheetah = tasks["halfcheetah_ppo"]
@@ -117,7 +118,7 @@ def test_table_gives_overlap_minus_lockstep_with_its_welch_interval(results, tmp
     half = 2.776445 * math.sqrt(2 * 400.0**2 / 3)
     expected = f"training return -600.0 (95% Welch interval {-600 - half:+,.1f} to {-600 + half:+,.1f}, 4.0 dof"
     assert expected == "training return -600.0 (95% Welch interval -1,506.8 to +306.8, 4.0 dof"
-    assert "Overlapped (packaged, `algo.max_policy_lag` 1) - lockstep (`algo.max_policy_lag=0`)" in hopper
+    assert "Overlapped (`algo.max_policy_lag` 1) - lockstep (`algo.max_policy_lag` 0)" in hopper
     assert expected + ", overlapped mean -20.0% against lockstep's)" in hopper
     assert "deterministic eval -600.0" in hopper
     assert "Welch" not in sections(docs.read_text())["reach_ppo"]  # no lockstep runs there
@@ -195,11 +196,32 @@ def test_a_run_with_overrides_is_not_skipped_for_the_packaged_one(tmp_path, monk
     monkeypatch.setattr(mujoco, "run_one", fake_run_one)
     argv = ["--configs", "reach_ppo", "--seeds", "1", "--steps", "1000000", "--peers", "raysim", "--out", str(tmp_path)]
     assert mujoco.main(argv) == 0 and mujoco.main(argv) == 0  # the second finds it done
-    lockstep = [*argv, "--override", "algo.max_policy_lag=0"]
-    assert mujoco.main(lockstep) == 0 and mujoco.main(lockstep) == 0
-    assert trained == [("reach_ppo", 1, ()), ("reach_ppo", 1, ("algo.max_policy_lag=0",))]
+    overlapped = [*argv, "--override", "algo.max_policy_lag=1"]
+    assert mujoco.main(overlapped) == 0 and mujoco.main(overlapped) == 0
+    assert trained == [("reach_ppo", 1, ()), ("reach_ppo", 1, ("algo.max_policy_lag=1",))]
     assert len(read_results(tmp_path / "results.jsonl")) == 2
-    assert "| raysim/Reach | 1,000,000 | raysim, `algo.max_policy_lag=0` | 1 |" in capsys.readouterr().out
+    assert "| raysim/Reach | 1,000,000 | raysim, `algo.max_policy_lag=1` | 1 |" in capsys.readouterr().out
+
+
+def test_runs_are_skipped_by_their_settings_against_the_config_as_packaged_now(tmp_path, monkeypatch):
+    """hopper_ppo went lockstep: its ``algo.max_policy_lag=0`` runs are packaged ones, and its runs made while it
+    was overlapped (no overrides, lag 1 recorded) are ``algo.max_policy_lag=1`` ones."""
+    trained = []
+
+    def fake_run_one(peer, config_name, seed, steps, args):
+        trained.append((seed, tuple(args.override)))
+        return line(config_name, "Hopper-v5", seed, 1.0, overrides=list(args.override))
+
+    old = [line("hopper_ppo", "Hopper-v5", 1, 1.0, overrides=["algo.max_policy_lag=0"], max_policy_lag=0)]
+    old.append(line("hopper_ppo", "Hopper-v5", 2, 1.0, max_policy_lag=1))
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in old))
+    monkeypatch.setattr(mujoco, "run_one", fake_run_one)
+    monkeypatch.setattr(mujoco, "plot", lambda results, out: out / "curves.png")
+    argv = ["--configs", "hopper_ppo", "--seeds", "1", "2", "--peers", "raysim", "--out", str(tmp_path)]
+    assert mujoco.main(argv) == 0 and mujoco.main([*argv, "--override", "algo.max_policy_lag=1"]) == 0
+    assert trained == [(2, ()), (1, ("algo.max_policy_lag=1",))]
+    lag1 = ("algo.max_policy_lag=1",)
+    assert [run_settings(r) for r in read_results(tmp_path / "results.jsonl")] == [(), lag1, (), lag1]
 
 
 def test_each_config_trains_for_its_own_budget_unless_steps_are_given(tmp_path, monkeypatch):

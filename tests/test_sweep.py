@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -319,15 +320,51 @@ def test_pbt_exploit_restores_the_donors_checkpoint_with_the_mutated_learning_ra
     done = subprocess.run(command, env=head.env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     exploits = [json.loads(line) for line in (experiment / "pbt_global.txt").read_text().splitlines()]
-    assert exploits, "PBT made no exploit"
+    # one perturbation, at result 2: a trial's results are its iterations (the 4th, its last, is the final result,
+    # which PBT does not perturb), and each result's checkpoint is of its own iteration
+    assert len(exploits) == 1 and exploits[0][2] == 2, exploits
     prefix = next(iter(trial_states(experiment))).split("_")[0]
-    target, _, _, _, _, new_config = exploits[-1]
-    receiver = experiment / "trials" / f"{prefix}_{int(target.split('_')[0]):05d}"
+    target, donor, _, _, _, new_config = exploits[0]
+    receiver, donor = (experiment / "trials" / f"{prefix}_{int(t.split('_')[0]):05d}" for t in (target, donor))
+    state = "checkpoints/2/state.pt"
+    assert (receiver / state).read_bytes() == (donor / state).read_bytes()  # the donor's checkpoint, taken over
     rows = metrics_rows(receiver)
-    assert rows[-1]["lr"] == pytest.approx(new_config["algo.lr"])  # the mutation wins over the donor's state
-    iterations = [row["iteration"] for row in rows]
-    assert iterations == sorted(set(iterations)) and iterations[-1] == 4  # continued from checkpoints, to the end
+    assert [row["iteration"] for row in rows] == [1, 2, 3, 4]  # continued from the checkpoint, to the end
+    assert [row["lr"] for row in rows[2:]] == pytest.approx([new_config["algo.lr"]] * 2)  # the mutation wins
     assert "resuming" in done.stdout + done.stderr
+
+
+def test_synchronous_pbt_pausing_a_saving_trial_leaves_no_stop_to_end_it_later(monkeypatch):
+    """ray-project/ray#57906, run through Tune's own pause and stop on a stand-in controller: the exploited trial,
+    paused without a checkpoint while its own pause's save is in flight, is PAUSED with no STOP cached for its
+    next save (which, in the PBT test under load, ended the trial after its first result from the donor's state)."""
+    from types import SimpleNamespace
+
+    from ray.tune.execution.tune_controller import TuneController
+
+    from raysim.sweep.pause_fix import keep_paused_trials_alive
+
+    monkeypatch.setattr(TuneController, "_schedule_trial_pause", TuneController._schedule_trial_pause)
+    keep_paused_trials_alive()
+    class SavingTrial:  # what Tune's pause and stop read of a trial
+        trial_id, status, is_saving = "t1", "RUNNING", True
+        temporary_state = SimpleNamespace(saving_to="a save in flight", restoring_from=None)
+
+        def set_location(self, location) -> None:
+            pass
+
+    trial = SavingTrial()
+    controller = SimpleNamespace(
+        _trial_to_actor={trial: "actor"},
+        _cached_trial_decisions={},
+        _set_trial_status=lambda t, status: setattr(t, "status", status),
+        _actor_manager=SimpleNamespace(clear_actor_task_futures=lambda tracked_actor: None),
+        _mark_trial_to_checkpoint=lambda t: None,
+        _maybe_cache_trial_actor=lambda t: True,
+    )
+    controller._schedule_trial_stop = partial(TuneController._schedule_trial_stop, controller)
+    TuneController._schedule_trial_pause(controller, trial, should_checkpoint=False)
+    assert trial.status == "PAUSED" and controller._cached_trial_decisions == {}
 
 
 @pytest.mark.slow

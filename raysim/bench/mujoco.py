@@ -11,9 +11,10 @@ lower end of their Wilson 95% interval too; the peer runs only the configs on Gy
 MuJoCo is needed only by those. Each finished run is appended to ``results.jsonl`` in
 the output folder as it ends, so a later invocation runs only the runs still missing; the
 training curves go to ``curves/*.csv`` and ``curves.png``, the table to ``table.md`` and stdout. A line
-records the run's overrides (runs with overrides are apart from the packaged ones, and not skipped for
-them), its machine, load and dates (``raysim.bench.results``). ``--table`` trains nothing: it writes the
-docs page of every task in the results, one table over seeds and one curve picture each
+records the run's overrides and its machine, load and dates (``raysim.bench.results``); runs at other
+settings than the config as packaged now (``run_settings``) are apart from the packaged ones, and not
+skipped for them. ``--table`` trains nothing: it writes the docs page of every task in the results, one
+table over seeds and one curve picture each
 (``raysim.bench.results_page``).
 
 ``raysim bench mujoco`` or ``python benchmarks/locomotion.py`` (``--configs``, ``--seeds``, ``--steps``,
@@ -41,10 +42,10 @@ from raysim.bench.results import (
     machine,
     mean_std,
     now,
-    overrides,
     read_results,
     run_key,
     run_name,
+    run_settings,
     settings_label,
     smoothed,
 )
@@ -198,7 +199,7 @@ def table(results: list[dict]) -> str:
     ]
     groups: dict[tuple, list[dict]] = {}
     for r in results:
-        groups.setdefault((r["env"], r["steps"], r["peer"], overrides(r)), []).append(r)
+        groups.setdefault((r["env"], r["steps"], r["peer"], run_settings(r)), []).append(r)
     for (env, steps, peer, settings), rows in sorted(groups.items()):
         seeds = ",".join(str(r["seed"]) for r in sorted(rows, key=lambda r: r["seed"]))
         name = f"{peer}, {settings_label(peer, settings)}" if settings else peer
@@ -355,10 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             for peer in peers:
                 steps = budget if peer == "raysim" else args.peer_steps or budget
-                settings = tuple(args.override) if peer == "raysim" else ()
-                if (peer, config_name, seed, steps, settings) in done or (
-                    peer == "cleanrl" and config_name not in gymnasium
-                ):
+                planned = {"peer": peer, "config": config_name, "seed": seed, "steps": steps}
+                planned["overrides"] = list(args.override) if peer == "raysim" else []
+                if run_key(planned) in done or (peer == "cleanrl" and config_name not in gymnasium):
                     continue
                 result = run_one(peer, config_name, seed, steps, args)
                 with open(path, "a") as f:  # each finished run at once: a later invocation skips it

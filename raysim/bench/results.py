@@ -5,10 +5,14 @@ packaged settings), its measures (and raysim's ``max_policy_lag``), and where an
 ``cpus``, ``started`` and ``finished`` in UTC, ``load_start`` and ``load_end``: ``os.getloadavg()``), so
 a table can say on what machine, how loaded, and when. Lines written before a field existed read as
 lacking it: no overrides (the packaged settings), machine and dates unknown.
+
+Lines are grouped by their ``settings``: the overrides against the config as packaged now, the policy
+lag as the run recorded it (the MuJoCo configs were overlapped until 2026-12-05 and are lockstep since).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -17,8 +21,8 @@ import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 
-PACKAGED = "packaged"  # the label of the runs without overrides
-LOCKSTEP = ("algo.max_policy_lag=0",)  # the overrides of a lockstep run of an overlapped config
+PACKAGED = "packaged"  # the label of the runs at the packaged settings
+LAG = "algo.max_policy_lag"  # overlapped collection (> 0) or lockstep (0)
 SMOOTH = 10  # the plotted curves: running mean of this many curve rows
 LAST_EPISODES = 10  # CleanRL's measure: the mean training return of the last episodes
 # CleanRL ppo_continuous_action.py, 1M steps, MuJoCo v4: mean +- std over its benchmark seeds
@@ -38,9 +42,36 @@ def overrides(row: dict) -> tuple[str, ...]:
     return tuple(row.get("overrides") or ())
 
 
+def run_settings(row: dict) -> tuple[str, ...]:
+    """A run's settings against its config as packaged now: its overrides, ``algo.max_policy_lag`` among them only
+    where the run's lag (as recorded, else as its overrides set it) differs from the packaged one. So a MuJoCo run
+    made when the config was overlapped reads ``algo.max_policy_lag=1``, and an ``algo.max_policy_lag=0`` run of
+    it reads as packaged. A peer's runs, and configs no longer packaged: their overrides as written."""
+    given = overrides(row)
+    packaged = policy_lag(row["config"], ()) if row["peer"] == "raysim" else None
+    if packaged is None:
+        return given
+    lag = row.get("max_policy_lag")
+    lag = policy_lag(row["config"], given) if lag is None else int(lag)
+    others = tuple(o for o in given if not o.startswith(f"{LAG}="))
+    return others if lag == packaged else (*others, f"{LAG}={lag}")
+
+
+@functools.cache
+def policy_lag(config_name: str, given: tuple[str, ...]) -> int | None:
+    """``algo.max_policy_lag`` of the packaged config with overrides ``given``; None where it is not packaged."""
+    from raysim.composition import ConfigError
+    from raysim.config import load_config
+
+    try:
+        return load_config(config_name, list(given)).algo.max_policy_lag
+    except ConfigError:
+        return None
+
+
 def run_key(row: dict) -> tuple:
     """What makes two lines the same run: a later invocation skips a run whose key is in the results."""
-    return row["peer"], row["config"], row["seed"], row["steps"], overrides(row)
+    return row["peer"], row["config"], row["seed"], row["steps"], run_settings(row)
 
 
 def settings_label(peer: str, settings: tuple[str, ...]) -> str:

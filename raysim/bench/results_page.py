@@ -2,9 +2,9 @@
 
 Each task (config) gets one table: a row per seed of each group (peer, settings, budget; runs with
 overrides apart from the packaged ones) and the group's mean +- std over seeds, CleanRL's published
-anchor beside it; the date, machine and load of its runs once; where the results hold an overlapped
-config (packaged, ``algo.max_policy_lag`` > 0) and its lockstep runs (``algo.max_policy_lag=0``), the
-difference of means with its Welch 95% interval; and a picture ``<page>-<config>.png`` beside the page:
+anchor beside it; the date, machine and load of its runs once; where the results hold overlapped runs
+of a config (``algo.max_policy_lag`` > 0) and lockstep ones (0), otherwise alike, the difference of
+means with its Welch 95% interval; and a picture ``<page>-<config>.png`` beside the page:
 each group's training return, mean line and min-max band over seeds.
 """
 
@@ -18,13 +18,13 @@ import numpy as np
 
 from raysim.bench.results import (
     ANCHORS,
+    LAG,
     LAST_EPISODES,
-    LOCKSTEP,
-    PACKAGED,
     SB3_ZOO,
     SMOOTH,
     mean_std,
-    overrides,
+    policy_lag,
+    run_settings,
     settings_label,
     smoothed,
 )
@@ -94,7 +94,7 @@ def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
     """Rows by (peer, settings, budget): raysim's packaged runs first, then its overrides, then the peers."""
     found: dict[tuple, list[dict]] = {}
     for r in rows:
-        found.setdefault((r["peer"], overrides(r), r["steps"]), []).append(r)
+        found.setdefault((r["peer"], run_settings(r), r["steps"]), []).append(r)
     return dict(sorted(found.items(), key=lambda item: (item[0][0] != "raysim", item[0][0], item[0][1], item[0][2])))
 
 
@@ -157,18 +157,17 @@ def anchor_rows(env: str) -> list[str]:
 
 
 def overlap_lines(rows: list[dict]) -> list[str]:
-    """Overlapped (packaged, ``max_policy_lag`` > 0) minus lockstep (``algo.max_policy_lag=0``) at each budget
-    both hold: the difference of means of each measure with its Welch 95% interval."""
+    """Overlapped (``algo.max_policy_lag`` > 0) minus lockstep (0) runs of the config, at each budget both hold
+    with no other setting apart: the difference of means of each measure with its Welch 95% interval."""
     lines = []
     for steps in sorted({r["steps"] for r in rows}):
-        overlapped = [
-            r for r in rows if r["peer"] == "raysim" and r["steps"] == steps and not overrides(r) and policy_lag(r) > 0
-        ]
-        lockstep = [r for r in rows if r["peer"] == "raysim" and r["steps"] == steps and overrides(r) == LOCKSTEP]
+        alike = [r for r in rows if r["peer"] == "raysim" and r["steps"] == steps and not other_settings(r)]
+        overlapped = [r for r in alike if lag_of(r) > 0]
+        lockstep = [r for r in alike if lag_of(r) == 0]
         if not overlapped or not lockstep:
             continue
-        lags = ", ".join(str(lag) for lag in sorted({policy_lag(r) for r in overlapped}))
-        head = f"Overlapped ({PACKAGED}, `algo.max_policy_lag` {lags}) - lockstep (`{LOCKSTEP[0]}`), {steps:,} steps"
+        lags = ", ".join(str(lag) for lag in sorted({lag_of(r) for r in overlapped}))
+        head = f"Overlapped (`{LAG}` {lags}) - lockstep (`{LAG}` 0), {steps:,} steps"
         if len(overlapped) < 2 or len(lockstep) < 2:
             lines += [f"{head}: Welch's interval needs two seeds of each ({len(overlapped)} and {len(lockstep)}).", ""]
             continue
@@ -189,17 +188,17 @@ def overlap_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def policy_lag(row: dict) -> int:
-    """The run's ``algo.max_policy_lag``: as recorded, else (a line without it) the packaged config's."""
+def other_settings(row: dict) -> tuple[str, ...]:
+    """The run's settings apart from the policy lag."""
+    return tuple(s for s in run_settings(row) if not s.startswith(f"{LAG}="))
+
+
+def lag_of(row: dict) -> int:
+    """The run's ``algo.max_policy_lag``: as recorded, else as its settings name it, else the packaged config's."""
     if row.get("max_policy_lag") is not None:
         return int(row["max_policy_lag"])
-    import raysim
-    from raysim.composition import ConfigError
-
-    try:
-        return raysim.load_config(row["config"], list(overrides(row))).algo.max_policy_lag
-    except ConfigError:
-        return 0
+    named = [s for s in run_settings(row) if s.startswith(f"{LAG}=")]
+    return int(named[-1].split("=", 1)[1]) if named else policy_lag(row["config"], ()) or 0
 
 
 def read_curve(out: Path, row: dict) -> tuple[np.ndarray, np.ndarray] | None:

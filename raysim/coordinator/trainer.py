@@ -51,8 +51,9 @@ from raysim.video import require_video
 __all__ = ["FINISHED", "Reporter", "ResumePoint", "RunFailed", "Summary", "Trainer", "planned_iterations"]
 
 #: Called at every log step with its metrics record and the checkpoint saved in that iteration (or None); True
-#: ends the run after that iteration (``stopped_by`` "reporter"). The end of the run is in its ``Summary`` (a Tune
-#: trial reports it once the run closed: ``final_metrics``).
+#: ends the run after that iteration (``stopped_by`` "reporter"). Not called for the iteration that finishes the
+#: run (the budget, ``eval.stop_return``): that one is the ``Summary``'s, whose checkpoint (the final save) and
+#: ``final_metrics`` a Tune trial reports once the run closed; so each report carries its own iteration's checkpoint.
 Reporter = Callable[[dict[str, float], Checkpoint | None], bool]
 
 
@@ -305,7 +306,7 @@ class Trainer:
                 checkpoint = save(s)
                 if report is not None:
                     self.checkpoints.record_score(checkpoint, report.mean_return)
-        if log and self.reporter is not None:
+        if log and self.reporter is not None and self.stop_reason(s, state) not in FINISHED:
             s.reporter_stop = bool(self.reporter(s.record, s.ready.saved))
 
     def _update(self, s: Session, batch: Collected, log: bool, env_steps: int) -> dict[str, float]:

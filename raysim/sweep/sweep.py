@@ -37,6 +37,7 @@ from raysim.sweep.fit import (
     resource_params,
     trial_group,
 )
+from raysim.sweep.pause_fix import keep_paused_trials_alive
 from raysim.sweep.space import Param, check_params, config_with, parse_spec
 
 SCHEDULERS = ("fifo", "asha", "pbt")
@@ -215,6 +216,7 @@ def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
     from ray import tune as ray_tune
 
     trials = extreme_trials(sweep.base, sweep.parsed, sweep.metric)
+    keep_paused_trials_alive()  # synchronous PBT: a trial paused while saving is not ended early
     # each report hands Tune a checkpoint, and Tune then saves its experiment state (what a resume needs)
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     started = connect(largest(trials), address, extra_cpus=TRIAL_CPUS)  # an embedded Ray: room for the largest trial

@@ -7,8 +7,9 @@ result with the checkpoint of that iteration, copied out as a self-contained dir
 included) when Tune saves it.
 
 A trial's run closes (metrics merged, actors released, lock given back) before Tune hears of its end:
-its final result comes after the run closed, and when Tune stops a trial (a scheduler, a pause, the
-experiment's end) the run stops at its next log step and the trial's actor waits for it to close.
+its final result (the last iteration's, with the final checkpoint) comes after the run closed, and when
+Tune stops a trial (a scheduler, a pause, the experiment's end) the run stops at its next log step and
+the trial's actor waits for it to close.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -92,3 +93,4 @@ class RayHead:
                     except ProcessLookupError:
                         pass
             time.sleep(2)
+        shutil.rmtree(self.base, ignore_errors=True)  # its sessions' logs and sockets
