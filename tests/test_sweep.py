@@ -346,6 +346,7 @@ def test_synchronous_pbt_pausing_a_saving_trial_leaves_no_stop_to_end_it_later(m
 
     monkeypatch.setattr(TuneController, "_schedule_trial_pause", TuneController._schedule_trial_pause)
     keep_paused_trials_alive()
+
     class SavingTrial:  # what Tune's pause and stop read of a trial
         trial_id, status, is_saving = "t1", "RUNNING", True
         temporary_state = SimpleNamespace(saving_to="a save in flight", restoring_from=None)
