@@ -75,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = debug or args.debug
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a reader that went away fails the flush here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # stdout's reader stopped reading (`raysim config algo | head -1`): nothing to add
+        quiet_stdout()
+        return 1
     except USER_ERRORS as error:
         print(f"raysim: error: {error}", file=sys.stderr)
         return 2
@@ -97,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def quiet_stdout() -> None:
+    """Point stdout at the null device, so that Python's own flush at exit does not fail on the closed pipe."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # an in-process stdout without a file descriptor
+        pass
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -211,6 +211,15 @@ def test_a_bug_prints_its_one_line_error_and_how_to_get_the_trace(tmp_path, caps
         main([*TRAIN, "--debug", "--run-dir", str(tmp_path / "run2")])
 
 
+def test_a_reader_that_stops_reading_ends_the_command_without_calling_it_a_bug():
+    """``raysim config algo | head -1``: the output's reader is gone before raysim writes (the pipe closed at once)."""
+    command = [sys.executable, "-m", "raysim", "config", "algo"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == ""
+
+
 def test_an_embedded_ray_that_does_not_start_is_an_error_saying_what_to_do_not_a_bug(tmp_path, capsys, monkeypatch):
     import ray
 
