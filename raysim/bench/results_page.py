@@ -141,7 +141,7 @@ def pooled_success(group: list[dict]) -> str:
         return "-"
     k, n = sum(r["eval_successes"] for r in scored), sum(r["eval_episodes"] for r in scored)
     lowest = min(r["eval_success_lower"] for r in scored)
-    return f"{k}/{n} ({wilson(k, n)[0]:.3f}); lowest seed {lowest:.3f}"
+    return f"{k:,}/{n:,} ({wilson(k, n)[0]:.3f}); lowest seed {lowest:.3f}"
 
 
 def anchor_rows(env: str) -> list[str]:
