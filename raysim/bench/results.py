@@ -51,10 +51,15 @@ def run_settings(row: dict) -> tuple[str, ...]:
     packaged = policy_lag(row["config"], ()) if row["peer"] == "raysim" else None
     if packaged is None:
         return given
-    lag = row.get("max_policy_lag")
-    lag = policy_lag(row["config"], given) if lag is None else int(lag)
-    others = tuple(o for o in given if not o.startswith(f"{LAG}="))
+    lag, others = run_lag(row), tuple(o for o in given if not o.startswith(f"{LAG}="))
     return others if lag == packaged else (*others, f"{LAG}={lag}")
+
+
+def run_lag(row: dict) -> int | None:
+    """A raysim run's ``algo.max_policy_lag``: as recorded, else as its config and overrides set it (None: the
+    config is not packaged)."""
+    lag = row.get("max_policy_lag")
+    return int(lag) if lag is not None else policy_lag(row["config"], overrides(row))
 
 
 @functools.cache

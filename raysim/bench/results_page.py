@@ -23,7 +23,8 @@ from raysim.bench.results import (
     SB3_ZOO,
     SMOOTH,
     mean_std,
-    policy_lag,
+    overrides,
+    run_lag,
     run_settings,
     settings_label,
     smoothed,
@@ -162,11 +163,12 @@ def overlap_lines(rows: list[dict]) -> list[str]:
     lines = []
     for steps in sorted({r["steps"] for r in rows}):
         alike = [r for r in rows if r["peer"] == "raysim" and r["steps"] == steps and not other_settings(r)]
-        overlapped = [r for r in alike if lag_of(r) > 0]
-        lockstep = [r for r in alike if lag_of(r) == 0]
+        lag = {id(r): run_lag(r) or 0 for r in alike}
+        overlapped = [r for r in alike if lag[id(r)] > 0]
+        lockstep = [r for r in alike if lag[id(r)] == 0]
         if not overlapped or not lockstep:
             continue
-        lags = ", ".join(str(lag) for lag in sorted({lag_of(r) for r in overlapped}))
+        lags = ", ".join(str(n) for n in sorted({lag[id(r)] for r in overlapped}))
         head = f"Overlapped (`{LAG}` {lags}) - lockstep (`{LAG}` 0), {steps:,} steps"
         if len(overlapped) < 2 or len(lockstep) < 2:
             lines += [f"{head}: Welch's interval needs two seeds of each ({len(overlapped)} and {len(lockstep)}).", ""]
@@ -189,16 +191,8 @@ def overlap_lines(rows: list[dict]) -> list[str]:
 
 
 def other_settings(row: dict) -> tuple[str, ...]:
-    """The run's settings apart from the policy lag."""
-    return tuple(s for s in run_settings(row) if not s.startswith(f"{LAG}="))
-
-
-def lag_of(row: dict) -> int:
-    """The run's ``algo.max_policy_lag``: as recorded, else as its settings name it, else the packaged config's."""
-    if row.get("max_policy_lag") is not None:
-        return int(row["max_policy_lag"])
-    named = [s for s in run_settings(row) if s.startswith(f"{LAG}=")]
-    return int(named[-1].split("=", 1)[1]) if named else policy_lag(row["config"], ()) or 0
+    """The run's overrides apart from the policy lag."""
+    return tuple(o for o in overrides(row) if not o.startswith(f"{LAG}="))
 
 
 def read_curve(out: Path, row: dict) -> tuple[np.ndarray, np.ndarray] | None:
