@@ -12,6 +12,7 @@ import pytest
 
 from raysim.bench import mujoco
 from raysim.bench.results import read_results, run_name, run_settings
+from raysim.bench.results_page import provenance
 from raysim.bench.welch import t_cdf, t_quantile, welch
 
 WHEN = {"host": "box", "cpus": 2, "started": "2026-12-01T10:00:00+00:00"}
@@ -88,11 +89,15 @@ def test_table_writes_one_table_per_task_with_the_mean_and_std_over_seeds(result
     assert hopper.index("| packaged |") < hopper.index(overlapped)
     assert "| CleanRL, published (v4) | 1,000,000 | - | 2,382.9 +- 271.7 |" in hopper
     assert "v5, with the same dynamics and rewards" in page
+    again = "raysim bench mujoco --configs hopper_ppo --seeds 1 2 3 --peers raysim --steps 1000000 --eval-episodes 20"
+    assert f"- packaged: `{again}`" in hopper
+    assert f"- `algo.max_policy_lag=1`: `{again} --override algo.max_policy_lag=1`" in hopper
+    assert "--eval-episodes 400`" in tasks["reach_ppo"]
     cheetah = tasks["halfcheetah_ppo"]
     assert "| packaged | 1,000,000 | 1 | 1,700.0 |" in cheetah  # a line older than the overrides field
     assert "| packaged | 1,000,000 | **mean +- std (1 seed)** | 1,700.0 | 1,800.0 | - | 301.0 |" in cheetah
     assert "| CleanRL, published (v4) | 1,000,000 | - | 1,442.6 +- 46.0 |" in cheetah
-    assert "Runs finished: not recorded. Machine: not recorded. Load: load not recorded." in cheetah
+    assert "Runs finished: not recorded. Machine: not recorded. Load: not recorded." in cheetah
     assert "published" not in tasks["reach_ppo"]
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"{docs}: 3 task(s), 9 run(s) from {results / 'results.jsonl'}"
@@ -107,6 +112,16 @@ def test_table_notes_the_date_machine_and_load_once_per_table(results, tmp_path)
         "start 0.50-1.50, at end 2.00-4.00."
     )
     assert hopper.count("Runs finished:") == 1 and note in hopper
+
+
+def test_table_says_how_many_runs_recorded_no_date_machine_or_load():
+    recorded = line("reach_camera_ppo", "raysim/ReachCamera", 2, 1.0, **WHEN, finished="2026-12-05T15:00:00+00:00",
+                    load_start=[1.0, 1.0, 1.0], load_end=[1.5, 1.0, 1.0])  # fmt: skip
+    older = [line("reach_camera_ppo", "raysim/ReachCamera", seed, 1.0) for seed in (1, 3)]
+    assert provenance([*older, recorded]) == (
+        "Runs finished: 2026-12-05 (2 of 3 runs recorded none). Machine: box (2 CPUs) (2 of 3 runs recorded none). "
+        "Load: 1-minute load average at run start 1.00-1.00, at end 1.50-1.50 (2 of 3 runs recorded none)."
+    )
 
 
 def test_table_gives_overlap_minus_lockstep_with_its_welch_interval(results, tmp_path):

@@ -2,10 +2,11 @@
 
 Each task (config) gets one table: a row per seed of each group (peer, settings, budget; runs with
 overrides apart from the packaged ones) and the group's mean +- std over seeds, CleanRL's published
-anchor beside it; the date, machine and load of its runs once; where the results hold overlapped runs
-of a config (``algo.max_policy_lag`` > 0) and lockstep ones (0), otherwise alike, the difference of
-means with its Welch 95% interval; and a picture ``<page>-<config>.png`` beside the page:
-each group's training return, mean line and min-max band over seeds.
+anchor beside it; the date, machine and load of its runs once; the command that runs each group
+again; where the results hold overlapped runs of a config (``algo.max_policy_lag`` > 0) and lockstep
+ones (0), otherwise alike, the difference of means with its Welch 95% interval; and a picture
+``<page>-<config>.png`` beside the page: each group's training return, mean line and min-max band
+over seeds.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def write_page(results: list[dict], out: Path, page: Path) -> list[Path]:
 
 
 def task_section(config_name: str, rows: list[dict], picture: str | None) -> str:
-    """The task's heading, the note on its runs, its table, the overlap-vs-lockstep line, its picture."""
+    """The task's heading, the note on its runs, its table, each group's command, the overlap-vs-lockstep line,
+    its picture."""
     env = rows[0]["env"]
     lines = [f"## {config_name} ({env})", "", provenance(rows), "", HEADER]
     for key, group in groups(rows).items():
@@ -84,11 +86,27 @@ def task_section(config_name: str, rows: list[dict], picture: str | None) -> str
             f"| {over_seeds(evaluation)} | {pooled_success(group)} | {over_seeds(seconds)} |"
         )
     lines.extend(anchor_rows(env))
+    lines.extend(["", "To run a group again:", ""])
+    lines.extend(
+        f"- {settings_label(key[0], key[1])}: `{command(config_name, key, group)}`"
+        for key, group in groups(rows).items()
+    )
     lines.append("")
     lines.extend(overlap_lines(rows))
     if picture:
         lines.extend([f"![{config_name}: training return over seeds, mean and min-max band]({picture})", ""])
     return "\n".join(lines)
+
+
+def command(config_name: str, key: tuple, group: list[dict]) -> str:
+    """The command that runs a group again: its peer, seeds, budget, evaluation episodes and settings."""
+    peer, settings, steps = key
+    seeds = " ".join(str(seed) for seed in sorted(r["seed"] for r in group))
+    words = ["raysim bench mujoco --configs", config_name, "--seeds", seeds, "--peers", peer, "--steps", str(steps)]
+    episodes = {r.get("eval_episodes") for r in group} - {None}
+    if len(episodes) == 1:
+        words += ["--eval-episodes", str(episodes.pop())]
+    return " ".join(words + [f"--override {o}" for o in settings])
 
 
 def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -100,10 +118,11 @@ def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def provenance(rows: list[dict]) -> str:
-    """Once per table: when the runs finished, on what machine, and the 1-minute load average around them."""
+    """Once per table: when the runs finished, on what machine, and the 1-minute load average around them;
+    each says how many runs recorded none (rows from before the runs recorded them)."""
     days = sorted({r["finished"][:10] for r in rows if r.get("finished")})
     when = (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}") if days else "not recorded"
-    hosts = sorted({f"{r['host']} ({r['cpus']} CPUs)" for r in rows if r.get("host")})
+    hosts = ", ".join(sorted({f"{r['host']} ({r['cpus']} CPUs)" for r in rows if r.get("host")})) or "not recorded"
     load = [r for r in rows if r.get("load_start") and r.get("load_end")]
     if load:
         start = [r["load_start"][0] for r in load]
@@ -111,11 +130,17 @@ def provenance(rows: list[dict]) -> str:
         busy = f"1-minute load average at run start {min(start):.2f}-{max(start):.2f}"
         busy += f", at end {min(end):.2f}-{max(end):.2f}"
     else:
-        busy = "load not recorded"
-    missing = len(rows) - len(load)
-    if load and missing:
-        busy += f" ({missing} of {len(rows)} runs recorded none)"
-    return f"Runs finished: {when}. Machine: {', '.join(hosts) or 'not recorded'}. Load: {busy}."
+        busy = "not recorded"
+    when += unrecorded(rows, "finished")
+    hosts += unrecorded(rows, "host")
+    busy += unrecorded(rows, "load_end")
+    return f"Runs finished: {when}. Machine: {hosts}. Load: {busy}."
+
+
+def unrecorded(rows: list[dict], key: str) -> str:
+    """`` (k of n runs recorded none)`` when some but not all rows lack ``key``; else nothing."""
+    missing = sum(1 for r in rows if not r.get(key))
+    return f" ({missing} of {len(rows)} runs recorded none)" if 0 < missing < len(rows) else ""
 
 
 def over_seeds(values: list[float | None]) -> str:
