@@ -1,4 +1,4 @@
-"""Values, the terminal-value bootstrap and GAE of a chunk (DESIGN.md, "Values, bootstrap and advantages")."""
+"""Values, the terminal-value bootstrap and GAE of a chunk (docs/concepts.md, "Bootstrap rules")."""
 
 from __future__ import annotations
 

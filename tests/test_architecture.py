@@ -16,7 +16,7 @@ from raysim.algos.optimizer import missing_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "raysim"
-#: The core, lowest first: each may import only those before it (DESIGN.md, "Layout").
+#: The core, lowest first: each may import only those before it (docs/concepts.md, "Architecture").
 CORE = ("seeding", "schema", "envs", "models", "rollout", "algos")
 #: What the roles above the core must never import.
 NEVER = {

@@ -9,7 +9,7 @@ A coordinator's shard drives every env the same way::
         # step.final_obs[g][i] is row step.done_rows[i] *before* its reset (owned copy)
         # step.episodes[k][i] is the env-owned report of that row's finished episode
 
-Rules (the same as DESIGN.md, "The step contract"):
+Rules (the same as docs/concepts.md, "The step contract"):
 
 - ``terminated`` means the episode reached a terminal state of the task: no bootstrap.
   ``truncated`` means it was cut short (step limit): bootstrap from ``final_obs``. Both may be

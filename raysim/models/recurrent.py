@@ -2,7 +2,7 @@
 
 One core serves actor and critic (CleanRL's ``ppo_atari_lstm.py``): the actor owns it and the critic's MLP
 reads its output beside the critic's own features. The shards hold only the actor, so the one state a
-chunk needs is one they compute (DESIGN.md, "Observations and models").
+chunk needs is one they compute (docs/algorithms.md, "Recurrent policies").
 
 A row's state is one tensor ``[state_size]`` (LSTM: ``h`` then ``c``; GRU: ``h``), zeroed where the row
 starts an episode, before the episode's first observation is read. The cell is written with two

@@ -1,6 +1,6 @@
 """Values, terminal-value bootstrap and GAE for one rollout chunk (learner side).
 
-The next-state value of step ``t``, row ``n`` (DESIGN.md, "Values, bootstrap and advantages"):
+The next-state value of step ``t``, row ``n`` (docs/concepts.md, "Bootstrap rules"):
 
 - ``V(obs[t+1])`` if the row did not finish at ``t``;
 - ``V(final_obs)`` if it was truncated and not terminated (the episode was cut, not ended);

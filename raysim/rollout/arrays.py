@@ -5,7 +5,7 @@ object store once and a reader maps it without a copy, where torch's own picklin
 tensor through a bytes object on both sides. ``to_arrays`` turns the tensors of a nested structure
 (dicts, lists, tuples) into arrays, ``from_arrays`` turns them back, bitwise, dtype kept (a dtype
 NumPy lacks, such as bfloat16, travels as its bits). The rebuilt tensors are read-only views of the
-object store (DESIGN.md: copy what you keep before writing to it). ``RolloutChunk`` pickles this
+object store: copy what you keep before writing to it. ``RolloutChunk`` pickles this
 way; ``ArrayDict`` gives any dict (a shard's state, the weights, a learner snapshot) the same path.
 """
 

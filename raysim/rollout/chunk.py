@@ -6,7 +6,7 @@ Shapes: T steps, N rows, K finished rows, E completed episodes.
 Through Ray a chunk travels as NumPy arrays (``__reduce__``, ``raysim.rollout.arrays``): pickle
 protocol 5 hands their memory to Ray's object store out of band and the receiver maps it without a
 copy, where torch's own pickling copies every tensor through a bytes object. The received tensors
-are then read-only views of the object store, as DESIGN.md says: copy what you keep before writing to it.
+are then read-only views of the object store: copy what you keep before writing to it.
 """
 
 from __future__ import annotations
