@@ -184,7 +184,7 @@ def test_welch_uses_the_welch_satterthwaite_degrees_of_freedom():
     assert (d.low, d.high) == pytest.approx((-4.0 - half, -4.0 + half))
 
 
-def test_a_run_line_records_its_overrides_machine_load_and_dates(tmp_path, monkeypatch):
+def test_a_run_line_records_its_overrides_machine_load_and_dates(tmp_path, monkeypatch, capsys):
     def fake(config_name, seed, steps, run_dir, args):
         result = {"env_steps": steps, "train_seconds": 1.0, "eval_returns": [1.0], "eval_successes": 1}
         return {**result, "layout": "-", "max_policy_lag": 0}, [(steps, 1.0, 1)]
@@ -197,6 +197,8 @@ def test_a_run_line_records_its_overrides_machine_load_and_dates(tmp_path, monke
     assert (tmp_path / row["curve"]).is_file()
     assert row["host"] and row["cpus"] >= 1 and row["started"] <= row["finished"]
     assert len(row["load_start"]) == 3 and len(row["load_end"]) == 3
+    run_dir = tmp_path / "runs" / "raysim-reach_ppo-s3-64-algo.max_policy_lag=0"
+    assert capsys.readouterr().err == f"[raysim reach_ppo seed 3: training 64 env steps in {run_dir}]\n"  # said first
 
 
 def test_a_run_with_overrides_is_not_skipped_for_the_packaged_one(tmp_path, monkeypatch, capsys):

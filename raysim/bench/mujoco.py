@@ -147,8 +147,10 @@ def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.N
     ``overrides``: raysim's config overrides, none for the peer, which runs its own settings)."""
     settings = tuple(args.override) if peer == "raysim" else ()
     name = run_name(peer, config_name, seed, steps, settings)
+    run_dir = args.out / "runs" / name
+    print(f"[{peer} {config_name} seed {seed}: training {steps:,} env steps in {run_dir}]", file=sys.stderr, flush=True)
     started, load_start = now(), load()
-    result, curve = RUNNERS[peer](config_name, seed, steps, args.out / "runs" / name, args)
+    result, curve = RUNNERS[peer](config_name, seed, steps, run_dir, args)
     finished, load_end = now(), load()
     curves = args.out / "curves"
     curves.mkdir(parents=True, exist_ok=True)
