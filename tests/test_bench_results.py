@@ -88,6 +88,9 @@ def test_table_writes_one_table_per_task_with_the_mean_and_std_over_seeds(result
     assert "| packaged | 1,000,000 | **mean +- std (3 seeds)** | 3,000.0 +- 400.0 |" in hopper  # lag 0: packaged
     assert hopper.index("| packaged |") < hopper.index(overlapped)
     assert "| CleanRL, published (v4) | 1,000,000 | - | 2,382.9 +- 271.7 |" in hopper
+    assert (
+        "| SB3 + RL Zoo, published model (v3, one seed, 10 episodes) | 1,000,000 | - | - | 2,410.1 +- 9.9 |" in hopper
+    )
     assert "v5, with the same dynamics and rewards" in page
     again = "raysim bench mujoco --configs hopper_ppo --seeds 1 2 3 --peers raysim --steps 1000000 --eval-episodes 20"
     assert f"- packaged: `{again}`" in hopper

@@ -37,6 +37,7 @@ from raysim.bench.results import (
     ANCHORS,
     LAST_EPISODES,
     SB3_ZOO,
+    SB3_ZOO_LABEL,
     SMOOTH,
     load,
     machine,
@@ -219,9 +220,8 @@ def table(results: list[dict]) -> str:
                 f"| {env} | 1,000,000 | CleanRL, published (v4) | - | {mean:,.1f} +- {std:,.1f} | - | - | - | - |"
             )
         if base in SB3_ZOO:
-            lines.append(
-                f"| {env} | 1,000,000 | SB3 + RL Zoo, published (about) | - | {SB3_ZOO[base]:,.0f} | - | - | - | - |"
-            )
+            mean, std = SB3_ZOO[base]
+            lines.append(f"| {env} | 1,000,000 | {SB3_ZOO_LABEL} | - | - | {mean:,.1f} +- {std:,.1f} | - | - | - |")
     return "\n".join(lines) + "\n" + ratios(groups)
 
 

@@ -27,7 +27,10 @@ SMOOTH = 10  # the plotted curves: running mean of this many curve rows
 LAST_EPISODES = 10  # CleanRL's measure: the mean training return of the last episodes
 # CleanRL ppo_continuous_action.py, 1M steps, MuJoCo v4: mean +- std over its benchmark seeds
 ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d": (2287.9, 571.8)}
-SB3_ZOO = {"HalfCheetah": 3100.0, "Hopper": 3500.0}  # SB3 PPO with RL Zoo's tuned settings, about
+# SB3 + RL Zoo's published PPO models (huggingface.co/sb3/ppo-<env>-v3, 1M steps with the Zoo's tuned settings):
+# one trained model each, its deterministic evaluation over 10 episodes (mean +- std over episodes)
+SB3_ZOO = {"HalfCheetah": (5836.3, 171.7), "Hopper": (2410.1, 9.9), "Walker2d": (3571.7, 807.8)}
+SB3_ZOO_LABEL = "SB3 + RL Zoo, published model (v3, one seed, 10 episodes)"
 
 
 def read_results(path: Path) -> list[dict]:

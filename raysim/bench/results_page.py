@@ -22,6 +22,7 @@ from raysim.bench.results import (
     LAG,
     LAST_EPISODES,
     SB3_ZOO,
+    SB3_ZOO_LABEL,
     SMOOTH,
     mean_std,
     overrides,
@@ -58,8 +59,10 @@ def write_page(results: list[dict], out: Path, page: Path) -> list[Path]:
         f"CleanRL measure (the mean return of the last {LAST_EPISODES} training episodes), the deterministic "
         "evaluation of the final policy, and the training seconds (start-up and evaluation excluded); each group "
         "(peer, settings, budget) ends with its mean +- std over seeds (sample std). The anchors are CleanRL's "
-        "published `ppo_continuous_action.py` figures at 1M env steps on the MuJoCo v4 envs; raysim's runs use "
-        "v5, with the same dynamics and rewards.\n\n" + "\n".join(sections)
+        "published `ppo_continuous_action.py` figures at 1M env steps on the MuJoCo v4 envs (training return), and "
+        "SB3 + RL Zoo's published PPO models at 1M steps with the Zoo's tuned settings on the v3 envs (one model "
+        "each, its deterministic evaluation over 10 episodes: a spread over episodes, not seeds); raysim's runs "
+        "use v5, with the same dynamics and rewards.\n\n" + "\n".join(sections)
     )
     return [page, *written]
 
@@ -178,7 +181,8 @@ def anchor_rows(env: str) -> list[str]:
         mean, std = ANCHORS[base]
         rows.append(f"| CleanRL, published (v4) | 1,000,000 | - | {mean:,.1f} +- {std:,.1f} | - | - | - |")
     if base in SB3_ZOO:
-        rows.append(f"| SB3 + RL Zoo, published (about) | 1,000,000 | - | {SB3_ZOO[base]:,.0f} | - | - | - |")
+        mean, std = SB3_ZOO[base]
+        rows.append(f"| {SB3_ZOO_LABEL} | 1,000,000 | - | - | {mean:,.1f} +- {std:,.1f} | - | - |")
     return rows
 
 
