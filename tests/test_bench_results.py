@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from raysim.bench import mujoco
-from raysim.bench.results import read_results, run_name, run_settings
+from raysim.bench.results import read_results, run_key, run_name, run_settings
 from raysim.bench.results_page import provenance
 from raysim.bench.welch import t_cdf, t_quantile, welch
+from raysim.config import load_config
 
 WHEN = {"host": "box", "cpus": 2, "started": "2026-12-01T10:00:00+00:00"}
 
@@ -242,6 +243,15 @@ def test_runs_are_skipped_by_their_settings_against_the_config_as_packaged_now(t
     assert trained == [(2, ()), (1, ("algo.max_policy_lag=1",))]
     lag1 = ("algo.max_policy_lag=1",)
     assert [run_settings(r) for r in read_results(tmp_path / "results.jsonl")] == [(), lag1, (), lag1]
+
+
+def test_an_override_the_config_took_since_reads_as_packaged():
+    """A run made with ``--override`` of what the config sets now is a packaged run; one that sets otherwise is not."""
+    gamma = load_config("hopper_ppo").algo.gamma
+    took = line("hopper_ppo", "Hopper-v5", 1, 1.0, overrides=[f"algo.gamma={gamma}"], max_policy_lag=0)
+    other = line("hopper_ppo", "Hopper-v5", 1, 1.0, overrides=["algo.gamma=0.5", "algo.lr=0.001"], max_policy_lag=0)
+    assert run_settings(took) == () and run_key(took) == run_key({**took, "overrides": []})
+    assert run_settings(other) == ("algo.gamma=0.5", "algo.lr=0.001")
 
 
 def test_each_config_trains_for_its_own_budget_unless_steps_are_given(tmp_path, monkeypatch):

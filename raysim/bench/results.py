@@ -6,8 +6,9 @@ packaged settings), its measures (and raysim's ``max_policy_lag``), and where an
 a table can say on what machine, how loaded, and when. Lines written before a field existed read as
 lacking it: no overrides (the packaged settings), machine and dates unknown.
 
-Lines are grouped by their ``settings``: the overrides against the config as packaged now, the policy
-lag as the run recorded it (the MuJoCo configs were overlapped until 2026-12-05 and are lockstep since).
+Lines are grouped by their ``settings``: the overrides against the config as packaged now (an override the
+config took since reads as packaged), the policy lag as the run recorded it (the MuJoCo configs were
+overlapped until 2026-12-05 and are lockstep since).
 """
 
 from __future__ import annotations
@@ -46,15 +47,17 @@ def overrides(row: dict) -> tuple[str, ...]:
 
 
 def run_settings(row: dict) -> tuple[str, ...]:
-    """A run's settings against its config as packaged now: its overrides, ``algo.max_policy_lag`` among them only
-    where the run's lag (as recorded, else as its overrides set it) differs from the packaged one. So a MuJoCo run
-    made when the config was overlapped reads ``algo.max_policy_lag=1``, and an ``algo.max_policy_lag=0`` run of
-    it reads as packaged. A peer's runs, and configs no longer packaged: their overrides as written."""
+    """A run's settings against its config as packaged now: its overrides but those that set what the config sets
+    now, ``algo.max_policy_lag`` among them only where the run's lag (as recorded, else as its overrides set it)
+    differs from the packaged one. So a MuJoCo run made when the config was overlapped reads
+    ``algo.max_policy_lag=1``, and an ``algo.max_policy_lag=0`` run of it reads as packaged. A peer's runs, and
+    configs no longer packaged: their overrides as written."""
     given = overrides(row)
     packaged = policy_lag(row["config"], ()) if row["peer"] == "raysim" else None
     if packaged is None:
         return given
-    lag, others = run_lag(row), tuple(o for o in given if not o.startswith(f"{LAG}="))
+    lag = run_lag(row)
+    others = tuple(o for o in given if not o.startswith(f"{LAG}=") and not packaged_now(row["config"], o))
     return others if lag == packaged else (*others, f"{LAG}={lag}")
 
 
@@ -75,6 +78,18 @@ def policy_lag(config_name: str, given: tuple[str, ...]) -> int | None:
         return load_config(config_name, list(given)).algo.max_policy_lag
     except ConfigError:
         return None
+
+
+@functools.cache
+def packaged_now(config_name: str, override: str) -> bool:
+    """Whether ``override`` sets what the packaged config sets now (a setting the config took after the run)."""
+    from raysim.composition import ConfigError
+    from raysim.config import load_config
+
+    try:
+        return load_config(config_name, [override]) == load_config(config_name, [])
+    except ConfigError:
+        return False
 
 
 def run_key(row: dict) -> tuple:
