@@ -254,6 +254,28 @@ def test_an_override_the_config_took_since_reads_as_packaged():
     assert run_settings(other) == ("algo.gamma=0.5", "algo.lr=0.001")
 
 
+def test_a_run_evaluates_the_configs_own_episodes_over_five_seeds_unless_told(tmp_path, monkeypatch):
+    """The packaged settings exactly: CartPole's 100 evaluation episodes, not MuJoCo's 20; seeds 1-5 by default."""
+    import raysim
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def trainer(config, address=None):
+        seen.append(config.eval.episodes)
+        raise Stop
+
+    monkeypatch.setattr(raysim, "Trainer", trainer)
+    for given in ([], ["--eval-episodes", "7"]):
+        args = mujoco.parse(["--configs", "cartpole_ppo", *given])
+        with pytest.raises(Stop):
+            mujoco.train_raysim("cartpole_ppo", 1, 1024, tmp_path / "run", args)
+    assert seen == [100, 7]
+    assert mujoco.parse([]).seeds == [1, 2, 3, 4, 5]
+
+
 def test_each_config_trains_for_its_own_budget_unless_steps_are_given(tmp_path, monkeypatch):
     """A packaged config is run at its packaged settings exactly: ``train.total_steps`` is the default budget."""
     budgets = []

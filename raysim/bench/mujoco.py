@@ -4,7 +4,8 @@ For each config, seed and step budget, ``raysim`` trains the packaged config (``
 shards and learner as Ray actors) and ``cleanrl`` trains ``benchmarks/cleanrl_ppo_continuous.py``
 (CleanRL's ``ppo_continuous_action.py``, its settings and wrappers) on the same Gymnasium id. Each
 run reports CleanRL's measure, the mean raw training episodic return over the last 10 episodes,
-a deterministic evaluation of the final policy (quota-balanced, ``--eval-episodes``, 20 by default),
+a deterministic evaluation of the final policy (quota-balanced, ``--eval-episodes``, by default the
+config's ``eval.episodes``: 20 for MuJoCo, 100 for CartPole, 400 for Reach),
 and its training seconds (start-up and evaluation excluded). Where the task defines success (the
 native ``reach_ppo``: ``raysim/Reach``), the evaluation's successes k of its n episodes and the
 lower end of their Wilson 95% interval too; the peer runs only the configs on Gymnasium ids, and
@@ -17,8 +18,9 @@ skipped for them. ``--table`` trains nothing: it writes the docs page of every t
 table over seeds and one curve picture each
 (``raysim.bench.results_page``).
 
-``raysim bench mujoco`` or ``python benchmarks/locomotion.py`` (``--configs``, ``--seeds``, ``--steps``,
-``--peer-steps``, ``--quick``, ``--override``; ``--table [--docs PAGE]``; needs ``pip install "raysim[mujoco]"``).
+``raysim bench mujoco`` or ``python benchmarks/locomotion.py`` (``--configs``, ``--seeds`` (1-5 by default),
+``--steps``, ``--peer-steps``, ``--quick``, ``--override``; ``--table [--docs PAGE]``; needs
+``pip install "raysim[mujoco]"``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import shutil
 import statistics
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raysim.bench.peers import MISSING, peer_module
 from raysim.bench.results import (
@@ -52,6 +55,9 @@ from raysim.bench.results import (
 )
 from raysim.evaluation import wilson
 
+if TYPE_CHECKING:
+    from raysim.config import Config
+
 PEERS = ("raysim", "cleanrl")
 CONFIGS = ("halfcheetah_ppo", "hopper_ppo")
 
@@ -68,11 +74,11 @@ def env_of(config_name: str) -> str:
     return env_id(config_name).removeprefix("gym:")
 
 
-def packaged_budget(config_name: str) -> int:
-    """The env steps the config trains for (``train.total_steps``): a run at the packaged settings exactly."""
+def packaged(config_name: str) -> Config:
+    """The packaged config: its budget (``train.total_steps``) and evaluation episodes are a run's defaults."""
     import raysim
 
-    return raysim.load_config(config_name).train.total_steps
+    return raysim.load_config(config_name)
 
 
 def on_gymnasium(config_name: str) -> bool:
@@ -103,7 +109,7 @@ def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: a
         [
             f"seed={seed}",
             f"train.total_steps={steps}",
-            f"eval.episodes={args.eval_episodes}",
+            *([f"eval.episodes={args.eval_episodes}"] if args.eval_episodes else []),
             "train.log_every=1",
             "train.sinks=[parquet]",
             f"run_dir={run_dir}",
@@ -128,7 +134,8 @@ def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: a
 
 def train_cleanrl(config_name: str, seed: int, steps: int, run_dir: Path, args: argparse.Namespace):
     """One run of the CleanRL-style peer on the config's Gymnasium id (CleanRL's own settings)."""
-    result = peer_module("cleanrl_ppo_continuous").train(env_of(config_name), seed, steps, args.eval_episodes)
+    episodes = args.eval_episodes or packaged(config_name).eval.episodes
+    result = peer_module("cleanrl_ppo_continuous").train(env_of(config_name), seed, steps, episodes)
     curve = [(step, episode_return, 1) for step, episode_return in result["curve"]]
     return {
         "env_steps": result["env_steps"],
@@ -285,7 +292,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--configs", nargs="+", help=f"packaged configs or YAML files (default: {' '.join(CONFIGS)}; --table: all)"
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument(
         "--steps", type=int, default=None, help="env steps of each raysim run (default: the config's train.total_steps)"
     )
@@ -293,7 +300,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--peer-steps", type=int, default=None, help="env steps of each peer run (default: the raysim runs')"
     )
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
-    parser.add_argument("--eval-episodes", type=int, default=20)
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=None,
+        help="deterministic evaluation episodes at the end of each run (default: the config's eval.episodes)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/mujoco"), help="results folder")
     parser.add_argument("--quick", action="store_true", help="HalfCheetah, seed 1, 20,480 steps: a few minutes")
     parser.add_argument(
@@ -354,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / "results.jsonl"
     done = {run_key(r) for r in read_results(path)}
     for config_name in args.configs:
-        budget = args.steps or packaged_budget(config_name)
+        budget = args.steps or packaged(config_name).train.total_steps
         for seed in args.seeds:
             for peer in peers:
                 steps = budget if peer == "raysim" else args.peer_steps or budget
