@@ -21,6 +21,10 @@ import re
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raysim.config import Config
 
 PACKAGED = "packaged"  # the label of the runs at the packaged settings
 LAG = "algo.max_policy_lag"  # overlapped collection (> 0) or lockstep (0)
@@ -68,28 +72,28 @@ def run_lag(row: dict) -> int | None:
     return int(lag) if lag is not None else policy_lag(row["config"], overrides(row))
 
 
-@functools.cache
 def policy_lag(config_name: str, given: tuple[str, ...]) -> int | None:
     """``algo.max_policy_lag`` of the packaged config with overrides ``given``; None where it is not packaged."""
-    from raysim.composition import ConfigError
-    from raysim.config import load_config
+    config = packaged_config(config_name, given)
+    return None if config is None else config.algo.max_policy_lag
 
-    try:
-        return load_config(config_name, list(given)).algo.max_policy_lag
-    except ConfigError:
-        return None
+
+def packaged_now(config_name: str, override: str) -> bool:
+    """Whether ``override`` sets what the packaged config sets now (a setting the config took after the run)."""
+    config = packaged_config(config_name, (override,))
+    return config is not None and config == packaged_config(config_name, ())
 
 
 @functools.cache
-def packaged_now(config_name: str, override: str) -> bool:
-    """Whether ``override`` sets what the packaged config sets now (a setting the config took after the run)."""
+def packaged_config(config_name: str, given: tuple[str, ...]) -> Config | None:
+    """The packaged config with overrides ``given`` (one load per pair); None where it is not packaged or refused."""
     from raysim.composition import ConfigError
     from raysim.config import load_config
 
     try:
-        return load_config(config_name, [override]) == load_config(config_name, [])
+        return load_config(config_name, list(given))
     except ConfigError:
-        return False
+        return None
 
 
 def run_key(row: dict) -> tuple:
