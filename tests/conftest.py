@@ -26,7 +26,8 @@ def ray_session():
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, saved) if p)
     try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        # address="local": a Ray of its own, never one another job on this machine started
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
         yield ray
     finally:
         ray.shutdown()

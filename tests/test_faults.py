@@ -123,9 +123,9 @@ def test_an_overlapped_run_whose_learner_dies_drops_the_chunks_in_flight_and_los
 def test_when_the_last_state_is_lost_too_the_learner_restarts_from_the_newest_checkpoint_and_the_rows_are_replaced(
     ray_session, tmp_path, capsys
 ):
-    straight = Trainer(raysim.load_config(None, [*SMALL, "checkpoint.every=2", f"run_dir={tmp_path / 'straight'}"]))
-    assert straight.train().env_steps == 6 * 2 * 4 * 32
-    del straight  # its actors leave the test's Ray with their handles
+    # the uninterrupted run in-process: a Ray run equals its local run, rows and weights (tests/test_train.py)
+    straight = ["backend=local", "checkpoint.every=2", f"run_dir={tmp_path / 'straight'}"]
+    assert Trainer(raysim.load_config(None, [*SMALL, *straight])).train().env_steps == 6 * 2 * 4 * 32
     sink, summary = run_with_fault(tmp_path, "run", True, "checkpoint.every=2")
     out = capsys.readouterr().out
     assert "restarted it from checkpoint" in out and "checkpoints/2 (iteration 2)" in out

@@ -38,9 +38,10 @@ def rows(run_dir) -> list[dict]:
 @pytest.mark.slow
 def test_lag_one_through_ray_actors_is_deterministic_one_version_late_and_differs_from_lockstep(ray_session, tmp_path):
     runs = {}
-    for name, lag in (("a", 1), ("b", 1), ("lockstep", 0)):
+    # lockstep in-process: a Ray run equals its local run row for row (tests/test_train.py)
+    for name, lag, backend in (("a", 1, "ray"), ("b", 1, "ray"), ("lockstep", 0, "local")):
         config = raysim.load_config(
-            None, [*TINY, "backend=ray", f"algo.max_policy_lag={lag}", f"run_dir={tmp_path / name}"]
+            None, [*TINY, f"backend={backend}", f"algo.max_policy_lag={lag}", f"run_dir={tmp_path / name}"]
         )
         summary = raysim.Trainer(config, sinks=None).train()
         assert summary.iterations == 5 and summary.env_steps == 1280

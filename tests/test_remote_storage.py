@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from raysim.checkpoint import Checkpoints
+from raysim.cli import main
 from raysim.records import read_metrics
 from raysim.storage import open_storage
 from tests.support.moto_s3 import moto_server
@@ -61,46 +62,45 @@ def s3(tmp_path_factory):
         yield env
 
 
-def raysim(args: list[str], env: dict, cwd: Path, fault: str | None = None) -> subprocess.CompletedProcess:
-    """``raysim ARGS`` in its own process (a fault injected by ``tests.support.faulty_train``)."""
+def killed_train(env: dict, cwd: Path, uri: str) -> subprocess.CompletedProcess:
+    """``raysim train`` into ``uri`` in its own process, killed (SIGKILL) during the update of iteration 5."""
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ.update(env, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    entry = ["tests.support.faulty_train", fault] if fault else ["raysim"]
-    return subprocess.run(
-        [sys.executable, "-m", *entry, *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=300
-    )
+    command = ["-m", "tests.support.faulty_train", "update:5:kill", "train", "--local", "--run-dir", uri, *TINY]
+    return subprocess.run([sys.executable, *command], cwd=cwd, env=environ, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
 def test_a_run_on_s3_survives_a_killed_driver_and_is_resumed_evaluated_exported_and_plotted_from_the_bucket(
-    s3, tmp_path, monkeypatch
+    s3, tmp_path, monkeypatch, capsys
 ):
     uri = "s3://raysim-test/runs/cartpole"
-    killed = raysim(["train", "--local", "--run-dir", uri, *TINY], s3, tmp_path, fault="update:5:kill")
+    killed = killed_train(s3, tmp_path, uri)
     assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
     assert not any(tmp_path.iterdir()), killed.stdout[-3000:] + killed.stderr[-3000:]  # nothing written locally
     assert "metrics sink" not in killed.stderr, killed.stderr[-3000:]
-    for key, value in s3.items():
+    for key, value in s3.items():  # the commands after the kill run in this process (main(argv)), from tmp_path
         monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
     storage = open_storage(uri)
     checkpoint, state, meta = Checkpoints(storage).newest_intact(announce=False)
     assert checkpoint.iteration == 4 and meta["env_steps"] == 4 * 128  # evaluated iteration 4 was saved
     assert storage.exists("configs/gym.yaml") and storage.exists("resources/initial_states.npy")
     assert [r["iteration"] for r in read_metrics(storage)][:4] == [1, 2, 3, 4]  # written before checkpoint 4
 
-    resumed = raysim(["resume", uri, "--local"], s3, tmp_path)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert "(iteration 4," in resumed.stdout and "no longer exists" in resumed.stdout  # the dead driver's lock
+    assert main(["resume", uri, "--local"]) == 0
+    resumed = capsys.readouterr().out
+    assert "(iteration 4," in resumed and "no longer exists" in resumed  # the dead driver's lock
     assert [r["iteration"] for r in read_metrics(storage)] == [1, 2, 3, 4, 5, 6]  # each log step once
     assert Checkpoints(storage).newest_intact(announce=False)[0].iteration == 6
     assert not storage.exists("lock.json")
 
-    evaluated = raysim(["eval", uri, "--episodes", "4", "--local", "--out", str(tmp_path / "e.parquet")], s3, tmp_path)
-    assert evaluated.returncode == 0 and "completed c / n        4/4" in evaluated.stdout, evaluated.stderr
-    exported = raysim(["export", uri, "--out", str(tmp_path / "policy.pt")], s3, tmp_path)
-    assert exported.returncode == 0 and (tmp_path / "policy.pt").stat().st_size > 0, exported.stderr
-    plotted = raysim(["plot", uri], s3, tmp_path)
-    assert plotted.returncode == 0 and storage.read("plots.png")[:8] == b"\x89PNG\r\n\x1a\n", plotted.stderr
+    assert main(["eval", uri, "--episodes", "4", "--local", "--out", str(tmp_path / "e.parquet")]) == 0
+    assert "completed c / n        4/4" in capsys.readouterr().out
+    assert main(["export", uri, "--out", str(tmp_path / "policy.pt")]) == 0
+    assert (tmp_path / "policy.pt").stat().st_size > 0
+    assert main(["plot", uri]) == 0
+    assert storage.read("plots.png")[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.parquet", "policy.pt"]
 
 
