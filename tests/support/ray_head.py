@@ -32,7 +32,8 @@ def free_port() -> int:
 class RayHead:
     """A token-authenticated Ray head on free ports; ``env`` is what a client process needs."""
 
-    def __init__(self, num_cpus: int = 2, dashboard: bool = False, resources: str | None = None):
+    def __init__(self, num_cpus: int = 2, dashboard: bool = False, resources: str | None = None, grace: float = 2.0):
+        self.grace = grace  # seconds ``stop`` gives the processes after SIGTERM (the GCS and raylet take > 1 s)
         self.base = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.port, self.dashboard_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -77,20 +78,30 @@ class RayHead:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def pids(self) -> list[int]:
+        """This head's processes: those whose command line names its temp dir (the raylet's agents included)."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if self.base in cmdline:
+                found.append(int(proc.name))
+        return found
+
     def stop(self) -> None:
-        """End this head's processes only (by the temp dir in their command lines)."""
-        for attempt in range(2):
-            for proc in Path("/proc").iterdir():
-                if not proc.name.isdigit() or int(proc.name) == os.getpid():
-                    continue
+        """End this head's processes only (by the temp dir in their command lines): SIGTERM, then SIGKILL to what
+        is left after ``grace`` seconds; each round returns as soon as none is left."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.pids():
                 try:
-                    cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-                except OSError:
-                    continue
-                if self.base in cmdline:
-                    try:
-                        os.kill(int(proc.name), signal.SIGTERM if attempt == 0 else signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            time.sleep(2)
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + self.grace
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.1)
         shutil.rmtree(self.base, ignore_errors=True)  # its sessions' logs and sockets
