@@ -1,4 +1,5 @@
-"""Multi-node: a simulated cluster of several Ray nodes on this machine (each run in its own process)."""
+"""Multi-node: a simulated cluster of several Ray nodes on this machine (one process runs every scenario of the
+tests selected, each a run of its own, on one cluster: see tests/support/multinode.py)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,63 @@ ROOT = Path(__file__).resolve().parents[1]
 PER_ITERATION = 4 * 32  # rows x steps, per shard
 
 
-def run_cluster(mode: str, run_dir: Path, *extra: str) -> tuple[dict, str]:
+def scenario(name: str):
+    """The cluster scenario a test checks (``{ranks}``: filled from the test's parameters)."""
+
+    def mark(test):
+        test.scenario = name
+        return test
+
+    return mark
+
+
+def run_cluster(run_root: Path, scenarios: list[str]) -> dict[str, tuple[dict, str]]:
+    """Each scenario's outcome and the output of its run (every scenario in one process, on one cluster)."""
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
     result = subprocess.run(
-        [sys.executable, "-m", "tests.support.multinode", mode, str(run_dir), *extra],
+        [sys.executable, "-m", "tests.support.multinode", str(run_root), *scenarios],
         cwd=ROOT,
         capture_output=True,
         text=True,
         env=environ,
-        timeout=420,
+        timeout=240 + 180 * len(scenarios),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout
+    found, name, lines = {}, None, []
+    for line in result.stdout.splitlines():
+        if line.startswith("SCENARIO "):
+            name, lines = line.split()[1], []
+        elif line.startswith("OUTCOME ") and name:
+            found[name] = (json.loads(line.split(" ", 1)[1]), "\n".join(lines))
+        else:
+            lines.append(line)
+    assert set(found) == set(scenarios), result.stdout[-3000:] + result.stderr[-3000:]
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(request, tmp_path_factory):
+    """The scenarios of this module's selected tests, run once."""
+    wanted = []
+    for item in request.session.items:
+        test = getattr(item, "function", None)
+        if item.module is request.module and hasattr(test, "scenario"):
+            params = item.callspec.params if hasattr(item, "callspec") else {}
+            wanted.append(test.scenario.format(**params))
+    return run_cluster(tmp_path_factory.mktemp("multinode"), sorted(set(wanted), key=wanted.index))
+
+
+def outcome_of(cluster_runs: dict, name: str) -> tuple[dict, str]:
+    outcome, out = cluster_runs[name]
+    assert "error" not in outcome, outcome.get("error", "") + out[-3000:]
+    return outcome, out
 
 
 @pytest.mark.slow
-def test_shards_spread_over_nodes_and_a_lost_node_keeps_training_with_exact_batches(tmp_path):
-    outcome, out = run_cluster("remove", tmp_path / "run")
+@scenario("remove")
+def test_shards_spread_over_nodes_and_a_lost_node_keeps_training_with_exact_batches(cluster_runs):
+    outcome, out = outcome_of(cluster_runs, "remove")
     assert len(set(outcome["placement"])) >= 2  # the 4 shards ran on several worker nodes
     assert "fault: shard" in out  # the shards of the removed node were replaced...
     assert outcome["iterations"] == 8 and outcome["env_steps"] == 8 * 4 * PER_ITERATION
@@ -41,8 +81,9 @@ def test_shards_spread_over_nodes_and_a_lost_node_keeps_training_with_exact_batc
 
 
 @pytest.mark.slow
-def test_elastic_shards_grow_when_a_node_joins(tmp_path):
-    outcome, out = run_cluster("grow", tmp_path / "run")
+@scenario("grow")
+def test_elastic_shards_grow_when_a_node_joins(cluster_runs):
+    outcome, out = outcome_of(cluster_runs, "grow")
     assert "elastic: added 2 shard(s)" in out
     increments = [b - a for a, b in zip([0] + outcome["steps"], outcome["steps"], strict=False)]
     assert increments[:3] == [2 * PER_ITERATION] * 3 and increments[-1] == 4 * PER_ITERATION
@@ -52,8 +93,9 @@ def test_elastic_shards_grow_when_a_node_joins(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_a_chunk_lost_with_its_node_before_the_learner_read_it_is_collected_again_by_a_replacement(tmp_path, ranks):
-    outcome, out = run_cluster("lose_chunk", tmp_path / "run", str(ranks))
+@scenario("lose_chunk:{ranks}")
+def test_a_chunk_lost_with_its_node_before_the_learner_read_it_is_collected_again_by_a_replacement(cluster_runs, ranks):
+    outcome, out = outcome_of(cluster_runs, f"lose_chunk:{ranks}")
     # shard 0's chunk of iteration 3 finished before its node went, and the learner had not read it yet
     assert "shard 0 lost its chunk with its node before the learner read it (ChunksLost)" in out
     per_iteration = 2 * 16 * 512  # 2 shards x 16 rows x 512 steps

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,8 +46,11 @@ def cluster():
         print(f"skipped: {WHY}")
         pytest.skip(WHY)
     runs = Path(tempfile.mkdtemp(prefix="rsruns", dir="/tmp"))
-    with RayHead(num_cpus=2) as head, SecondHost(head, hidden=runs, num_cpus=3):
-        yield head, runs
+    try:  # the head is thrown away after: its GCS and raylet need not end gracefully (grace)
+        with RayHead(num_cpus=2, grace=0.5) as head, SecondHost(head, hidden=runs, num_cpus=3):
+            yield head, runs
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -66,17 +67,55 @@ def cluster_config(port: int) -> dict:
     }
 
 
-def stop_processes(marker: str) -> None:
-    """SIGTERM, then SIGKILL, every process whose command line holds ``marker``."""
+def processes(markers: list[str]) -> dict[int, str]:
+    """Every live process whose command line or environment names one of ``markers``, and their descendants (the
+    raylets' agents: titles in place of command lines): pid -> start time (a pid used again is another process)."""
+    table = {}  # pid -> (parent, start time, command line and environment)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            names = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        try:
+            names += (proc / "environ").read_bytes()
+        except OSError:
+            pass
+        if stat[0] != "Z":  # a zombie is ended (its parent has not reaped it)
+            table[int(proc.name)] = (int(stat[1]), stat[19], names)
+    found = {pid: row[1] for pid, row in table.items() if any(m.encode() in row[2] for m in markers)}
+    while children := {pid: row[1] for pid, row in table.items() if row[0] in found and pid not in found}:
+        found.update(children)
+    return found
+
+
+def stop_processes(*markers: str) -> None:
+    """SIGTERM, then SIGKILL to what is left after 3 s, every process of ``processes(markers)`` (found before any
+    is ended: the agents are found as their raylet's children); each round returns once none is left."""
+    found = processes(list(markers))
+
+    def left() -> list[int]:
+        alive = []
+        for pid, start in found.items():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if stat[0] != "Z" and stat[19] == start:
+                alive.append(pid)
+        return alive
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit() and int(proc.name) != os.getpid():
-                try:
-                    if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                        os.kill(int(proc.name), sig)
-                except OSError:
-                    pass
-        time.sleep(1)
+        for pid in left():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 class Placement:
@@ -102,29 +141,30 @@ def main(run_dir: str) -> None:
     # A private test cluster on this machine: no token authentication (Ray 2.60 enables it on `ray start`).
     environ = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "disabled"}
     environ.pop("RAY_ADDRESS", None)
-    subprocess.check_call(
-        [
-            RAY,
-            "start",
-            "--head",
-            "--port",
-            str(port),
-            "--num-cpus",
-            "2",
-            "--temp-dir",
-            temp_dir,
-            f"--autoscaling-config={config_file}",
-            "--disable-usage-stats",
-            "--include-dashboard=false",
-            "--dashboard-agent-listen-port",
-            str(free_port()),
-            "--metrics-export-port",
-            str(free_port()),
-        ],
-        env=environ,
-    )
+    environ["RAYSIM_TEST_CLUSTER"] = temp_dir  # in every process of the cluster: ``stop_processes`` finds them all
     session = ""
     try:
+        subprocess.check_call(
+            [
+                RAY,
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--num-cpus",
+                "2",
+                "--temp-dir",
+                temp_dir,
+                f"--autoscaling-config={config_file}",
+                "--disable-usage-stats",
+                "--include-dashboard=false",
+                "--dashboard-agent-listen-port",
+                str(free_port()),
+                "--metrics-export-port",
+                str(free_port()),
+            ],
+            env=environ,
+        )
         ray.init(address=f"{ray.util.get_node_ip_address()}:{port}")
         session = ray._private.worker._global_node.session_name
         config = raysim.load_config(
@@ -164,9 +204,8 @@ def main(run_dir: str) -> None:
         )
         ray.shutdown()
     finally:
-        stop_processes(temp_dir)
-        if session:
-            stop_processes(session)
+        stop_processes(temp_dir, *([session] if session else []))
+        shutil.rmtree(temp_dir, ignore_errors=True)  # its sessions' logs and sockets
 
 
 if __name__ == "__main__":

@@ -1,18 +1,29 @@
 """Training on a simulated multi-node Ray cluster (``ray.cluster_utils.Cluster``), in its own process.
 
-    python -m tests.support.multinode remove|grow|lose_chunk RUN_DIR [LEARNER_RANKS]
+    python -m tests.support.multinode RUN_ROOT SCENARIO...      # SCENARIO: remove, grow, lose_chunk:RANKS
+
+Every scenario is a run of its own (``RUN_ROOT/<scenario>``) on one cluster: one head (the driver, the
+learner ranks), and for each scenario exactly the worker nodes it starts with (nodes alike kept from the
+scenario before, the others removed, more added; a worker node then has no actor of an earlier run).
 
 ``remove``: 4 shards over 3 worker nodes; a worker node is removed mid-run.
 ``grow``: 2 shards on one worker node (elastic up to 4); a second node joins mid-run.
-``lose_chunk``: 2 shards on 2 worker nodes, collecting one chunk ahead (``algo.max_policy_lag: 1``); shard 0's
-node is removed once its next chunk finished, before the learner read it; a new node joins.
-Prints one JSON line with what happened, for the test to check.
+``lose_chunk:RANKS``: 2 shards on 2 worker nodes, collecting one chunk ahead (``algo.max_policy_lag: 1``),
+``learner.ranks=RANKS``; shard 0's node is removed once its next chunk finished, before the learner read
+it; a new node joins.
+
+For each scenario it prints a line ``SCENARIO <name>`` before its run's output, and one line
+``OUTCOME <json>`` after it: what happened, for the tests to check (``error``: the traceback of a scenario
+that failed; the next one still runs).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
+import traceback
+from pathlib import Path
 
 import ray
 from ray.cluster_utils import Cluster
@@ -49,6 +60,8 @@ OVERRIDES = {
         f"train.total_steps={2 * 16 * 512 * 4}",
     ],
 }
+# each scenario's worker nodes at its start: (count, CPUs and shard slots of each)
+NODES = {"remove": (3, 2), "grow": (1, 2), "lose_chunk": (2, 1)}
 
 
 def node_of(shard) -> str:
@@ -96,36 +109,64 @@ class Events:
         pass
 
 
-def main(mode: str, run_dir: str, ranks: int = 1) -> None:
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": max(2, ranks)})  # the learner, the driver
-    if mode == "lose_chunk":  # one shard per node
-        workers = [cluster.add_node(num_cpus=1, resources={"shard": 1}) for _ in range(2)]
-    else:
-        workers = [cluster.add_node(num_cpus=2, resources={"shard": 2}) for _ in range(3 if mode == "remove" else 1)]
+def shape(node) -> tuple[float, float]:
+    """A worker node's CPUs and shard slots."""
+    params = node._ray_params
+    return params.num_cpus, (params.resources or {}).get("shard", 0)
+
+
+def worker_nodes(cluster: Cluster, count: int, size: int) -> list:
+    """Exactly ``count`` worker nodes of ``size`` CPUs and shard slots each: alike nodes kept, the others
+    removed, the rest added; returned once the cluster has exactly their shard slots, all free (no actor of
+    an earlier run holds one)."""
+    kept = [n for n in cluster.worker_nodes if shape(n) == (size, size)][:count]
+    for node in [n for n in cluster.worker_nodes if n not in kept]:
+        cluster.remove_node(node)
+    workers = kept + [cluster.add_node(num_cpus=size, resources={"shard": size}) for _ in range(count - len(kept))]
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
-    config = raysim.load_config(None, [*OVERRIDES[mode], f"learner.ranks={ranks}", f"run_dir={run_dir}"])
+    deadline = time.monotonic() + 60
+    while not ray.cluster_resources().get("shard") == ray.available_resources().get("shard") == count * size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the cluster did not settle on {count} worker nodes: {ray.cluster_resources()}")
+        time.sleep(0.1)
+    return workers
+
+
+def run(cluster: Cluster, scenario: str, run_dir: Path) -> dict:
+    mode, _, ranks = scenario.partition(":")
+    workers = worker_nodes(cluster, *NODES[mode])
+    config = raysim.load_config(None, [*OVERRIDES[mode], f"learner.ranks={ranks or 1}", f"run_dir={run_dir}"])
     trainer = Trainer(config)
     events = Events(trainer, cluster, mode, workers)
     trainer.sinks = [events]
     summary = trainer.train()
-    final = events.final_placement
-    print(
-        json.dumps(
-            {
-                "steps": events.steps,
-                "placement": events.placement,
-                "final_placement": final,
-                "removed": events.removed,
-                "env_steps": summary.env_steps,
-                "iterations": summary.iterations,
-            }
-        ),
-        flush=True,
-    )
-    ray.shutdown()
-    cluster.shutdown()
+    return {
+        "steps": events.steps,
+        "placement": events.placement,
+        "final_placement": events.final_placement,
+        "removed": events.removed,
+        "env_steps": summary.env_steps,
+        "iterations": summary.iterations,
+    }
+
+
+def main(run_root: str, *scenarios: str) -> None:
+    ranks = max([int(s.partition(":")[2] or 1) for s in scenarios] + [2])
+    # the head: the driver and the learner ranks; no dashboard (a dozen processes to start on a 2-core machine)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": ranks, "include_dashboard": False})
+    try:
+        ray.init(address=cluster.address)
+        for scenario in scenarios:
+            print(f"SCENARIO {scenario}", flush=True)
+            try:
+                outcome = run(cluster, scenario, Path(run_root) / scenario.replace(":", "_"))
+            except Exception:  # noqa: BLE001 - reported for its test; the next scenario runs
+                outcome = {"error": traceback.format_exc()}
+            print(f"OUTCOME {json.dumps(outcome)}", flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:]))
+    main(*sys.argv[1:])

@@ -3,8 +3,8 @@
     with RayHead(num_cpus=2) as head:
         subprocess.run([...], env=head.env)      # clients: RAY_ADDRESS not set; head.address to attach
 
-``ray stop`` would end every Ray on the machine, other jobs' too; ``stop`` ends only the processes whose
-command line names this head's temp dir (the raylet's agents included).
+``ray stop`` would end every Ray on the machine, other jobs' too; ``stop`` ends only this head's processes:
+those whose command line or environment names its temp dir, and their children (``pids``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class RayHead:
 
     def __init__(self, num_cpus: int = 2, dashboard: bool = False, resources: str | None = None, grace: float = 2.0):
         self.grace = grace  # seconds ``stop`` gives the processes after SIGTERM (the GCS and raylet take > 1 s)
+        self.seen: dict[int, str] = {}  # this head's pids and their start times (see ``pids``)
         self.base = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.port, self.dashboard_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -79,18 +80,31 @@ class RayHead:
         self.stop()
 
     def pids(self) -> list[int]:
-        """This head's processes: those whose command line names its temp dir (the raylet's agents included)."""
-        found = []
+        """This head's processes: those whose command line or environment names its temp dir, and their children
+        (the Ray client server ``ray start`` leaves has it only in its environment; the raylets' agents,
+        ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, retitle themselves). Children are remembered while
+        their parents run, since they can outlive them; a remembered pid whose start time changed is not ours."""
+        table = {}  # every live process: pid -> (parent, start time, command line, environment)
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
                 continue
             try:
-                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            if self.base in cmdline:
-                found.append(int(proc.name))
-        return found
+            try:
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                environ = b""
+            if stat[0] != "Z":  # a zombie is ended (its parent has not reaped it)
+                table[int(proc.name)] = (int(stat[1]), stat[19], cmdline, environ)
+        self.seen = {pid: start for pid, start in self.seen.items() if table.get(pid, (0, ""))[1] == start}
+        base, marker = self.base.encode(), f"RAY_TMPDIR={self.base}\0".encode()
+        self.seen.update({pid: row[1] for pid, row in table.items() if base in row[2] or marker in row[3]})
+        while children := {pid: row[1] for pid, row in table.items() if row[0] in self.seen and pid not in self.seen}:
+            self.seen.update(children)
+        return sorted(self.seen)
 
     def stop(self) -> None:
         """End this head's processes only (by the temp dir in their command lines): SIGTERM, then SIGKILL to what

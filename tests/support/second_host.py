@@ -56,7 +56,7 @@ class SecondHost:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
-        # the node's raylet and agents carry the head's temp dir: RayHead.stop ends them with the head
+        # the node's raylet carries the head's temp dir, its agents are the raylet's children: RayHead.stop ends them
 
 
 def wait_for_node(ray, resource: str, timeout: float = 90) -> None:
