@@ -55,6 +55,7 @@ def test_rejects_bad_arguments(capsys):
         main(["--envs", "0", "--no-ray"])
 
 
+@pytest.mark.slow  # Ray actors of a benchmark run: the full suite's
 def test_the_ray_rows_include_the_steady_state_shard_and_leave_no_actor_behind(ray_session, capsys):
     assert main(["--quick", "--envs", "1", "--scale"]) == 0
     out = capsys.readouterr().out
@@ -64,6 +65,7 @@ def test_the_ray_rows_include_the_steady_state_shard_and_leave_no_actor_behind(r
     assert ray_session.is_initialized()  # a Ray it did not start stays up (its actors go: ray_session_left_empty)
 
 
+@pytest.mark.slow  # Ray actors of a benchmark run: the full suite's
 def test_the_image_rows_time_a_camera_and_an_atari_chunk_against_numpy_and_memcpy(ray_session, capsys):
     args = ["--quick", "--envs", "1", "--steps", "4", "--images", "--image-envs", "2", "--samples", "2"]
     assert main(args) == 0

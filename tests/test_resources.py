@@ -49,6 +49,7 @@ def raysim(args: list[str], env: dict, cwd: Path, timeout: int = 240) -> tuple[s
     return done, time.monotonic() - start
 
 
+@pytest.mark.slow  # a head of its own (the module's)
 def test_a_run_too_big_for_a_cluster_that_cannot_grow_fails_at_once_with_the_numbers(head, tmp_path):
     done, seconds = raysim(["train", "--address", head.address, *TINY], head.env, tmp_path)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]

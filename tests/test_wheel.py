@@ -66,6 +66,7 @@ def run(env_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a wheel built and installed into a venv of its own (the module's)
 def test_wheel_installs_a_raysim_that_imports_from_the_venv_not_the_source_tree(wheel_venv: Path, tmp_path: Path):
     packaged = "(c.PACKAGED_CONFIGS / 'cartpole_ppo.yaml').is_file()"
     code = f"import raysim, raysim.config as c; print(raysim.__file__, {packaged})"
@@ -75,12 +76,14 @@ def test_wheel_installs_a_raysim_that_imports_from_the_venv_not_the_source_tree(
     assert result.stdout.split()[-1] == "True"
 
 
+@pytest.mark.slow  # a wheel built and installed into a venv of its own (the module's)
 def test_wheel_cli_shows_help(wheel_venv: Path, tmp_path: Path):
     result = run(wheel_venv, "raysim", "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "train" in result.stdout and "bench" in result.stdout
 
 
+@pytest.mark.slow  # a wheel built and installed into a venv of its own (the module's)
 def test_wheel_trains_briefly_with_its_packaged_default_config(wheel_venv: Path, tmp_path: Path):
     result = run(
         wheel_venv,
@@ -100,6 +103,7 @@ def test_wheel_trains_briefly_with_its_packaged_default_config(wheel_venv: Path,
     assert (tmp_path / "run" / "configs" / "train.yaml").is_file()
 
 
+@pytest.mark.slow  # a wheel built and installed into a venv of its own (the module's)
 def test_wheel_runs_a_short_collection_benchmark(wheel_venv: Path, tmp_path: Path):
     result = run(wheel_venv, "raysim", "bench", "collect", "--quick", "--no-ray", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
