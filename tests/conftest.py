@@ -62,6 +62,23 @@ def ray_session_left_empty(request):
 
 
 @pytest.fixture
+def ray_never_starts(monkeypatch):
+    """No Ray in this process as far as raysim can tell (the test session's may run), and ``ray.init`` replaced:
+    a call is recorded (and fails), so a test can assert that Ray was never started or attached to."""
+    import ray
+
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise RuntimeError("this test expects the command to stop before Ray starts")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    return calls
+
+
+@pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB tmpfs (mounting needs root); skipped, saying why, where it is not permitted."""
     from tests.support.tmpfs import mounted_tmpfs  # the checkout is on sys.path from here on

@@ -81,23 +81,6 @@ def test_address_local_starts_an_embedded_ray_beside_a_running_cluster_with_room
     assert "attaching" not in done.stdout and "Started a local Ray instance" in done.stdout + done.stderr
 
 
-@pytest.fixture
-def ray_never_starts(monkeypatch):
-    """No Ray in this process as far as raysim can tell (the test session's may run), and ``ray.init`` refused and
-    recorded: the two refusals below come before Ray is asked, so they run in this process (no interpreter to start)."""
-    import ray
-
-    calls = []
-
-    def refuse(*args, **kwargs):
-        calls.append((args, kwargs))
-        raise RuntimeError("this test expects the command to stop before Ray starts")
-
-    monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    return calls
-
-
 def test_an_unreachable_address_is_an_error_within_seconds(tmp_path, capsys, monkeypatch, ray_never_starts):
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()

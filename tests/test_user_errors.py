@@ -9,25 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
-import ray
 
 from raysim.cli import main
 from tests.support.tmpfs import mounted_tmpfs
-
-
-@pytest.fixture
-def ray_never_starts(monkeypatch):
-    """No Ray in this process as far as raysim can tell (the test session's may run), and ``ray.init`` replaced:
-    a call is recorded (and fails), so a test can assert that Ray was never started or attached to."""
-    calls = []
-
-    def refuse(*args, **kwargs):
-        calls.append((args, kwargs))
-        raise RuntimeError("this test expects the command to stop before Ray starts")
-
-    monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    return calls
 
 
 def refused(argv: list[str], capsys, calls: list, *expected: str) -> str:

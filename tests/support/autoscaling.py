@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,7 @@ import ray
 
 import raysim
 from raysim.coordinator import Trainer
-
-RAY = str(Path(sys.executable).parent / "ray")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests.support.ray_head import RAY, free_port, process_table
 
 
 def cluster_config(port: int) -> dict:
@@ -70,21 +62,7 @@ def cluster_config(port: int) -> dict:
 def processes(markers: list[str]) -> dict[int, str]:
     """Every live process whose command line or environment names one of ``markers``, and their descendants (the
     raylets' agents: titles in place of command lines): pid -> start time (a pid used again is another process)."""
-    table = {}  # pid -> (parent, start time, command line and environment)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            names = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        try:
-            names += (proc / "environ").read_bytes()
-        except OSError:
-            pass
-        if stat[0] != "Z":  # a zombie is ended (its parent has not reaped it)
-            table[int(proc.name)] = (int(stat[1]), stat[19], names)
+    table = process_table()
     found = {pid: row[1] for pid, row in table.items() if any(m.encode() in row[2] for m in markers)}
     while children := {pid: row[1] for pid, row in table.items() if row[0] in found and pid not in found}:
         found.update(children)

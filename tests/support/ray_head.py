@@ -29,6 +29,27 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def process_table() -> dict[int, tuple[int, str, bytes]]:
+    """Every live process but this one: pid -> (parent pid, start time, command line and environment); a zombie
+    (ended, not yet reaped by its parent) is left out."""
+    table = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            names = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        try:
+            names += (proc / "environ").read_bytes()
+        except OSError:
+            pass
+        if stat[0] != "Z":
+            table[int(proc.name)] = (int(stat[1]), stat[19], names)
+    return table
+
+
 class RayHead:
     """A token-authenticated Ray head on free ports; ``env`` is what a client process needs."""
 
@@ -84,24 +105,9 @@ class RayHead:
         (the Ray client server ``ray start`` leaves has it only in its environment; the raylets' agents,
         ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, retitle themselves). Children are remembered while
         their parents run, since they can outlive them; a remembered pid whose start time changed is not ours."""
-        table = {}  # every live process: pid -> (parent, start time, command line, environment)
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
-                continue
-            try:
-                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            try:
-                environ = (proc / "environ").read_bytes()
-            except OSError:
-                environ = b""
-            if stat[0] != "Z":  # a zombie is ended (its parent has not reaped it)
-                table[int(proc.name)] = (int(stat[1]), stat[19], cmdline, environ)
+        table = process_table()
         self.seen = {pid: start for pid, start in self.seen.items() if table.get(pid, (0, ""))[1] == start}
-        base, marker = self.base.encode(), f"RAY_TMPDIR={self.base}\0".encode()
-        self.seen.update({pid: row[1] for pid, row in table.items() if base in row[2] or marker in row[3]})
+        self.seen.update({pid: row[1] for pid, row in table.items() if self.base.encode() in row[2]})
         while children := {pid: row[1] for pid, row in table.items() if row[0] in self.seen and pid not in self.seen}:
             self.seen.update(children)
         return sorted(self.seen)
