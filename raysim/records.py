@@ -21,6 +21,7 @@ from raysim.storage import RunStorage
 METRICS, LEGACY_METRICS = "metrics", "metrics.parquet"
 WHOLE_RUN = b"raysim.whole_run"  # schema metadata of a merged part: it holds every row logged before it
 _PART = re.compile(r"^part-(\d+)\.parquet$")
+_UNFINISHED = re.compile(r"^\.part-\d+\.parquet\.tmp-\d+$")  # a part whose writer died before its rename (local)
 
 Row = dict[str, float]
 
@@ -60,13 +61,17 @@ def read_metrics(storage: RunStorage) -> list[Row]:
 
 
 def write_metrics(storage: RunStorage, rows: list[Row]) -> None:
-    """Replace every metrics part (and a legacy file) by one part holding ``rows``, marked as the whole run."""
+    """Replace every metrics part (and a legacy file) by one part holding ``rows``, marked as the whole run; the
+    unfinished writes a killed process left are removed with them."""
     old = metric_parts(storage)
     table = rows_table(rows).replace_schema_metadata({WHOLE_RUN: b"1"})
     storage.write(f"{METRICS}/part-{(old[-1][0] + 1) if old else 0:06d}.parquet", parquet_bytes(table))
     for _, rel in old:
         storage.remove(rel)
     storage.remove(LEGACY_METRICS)
+    for name in storage.list(METRICS):  # never read; only a holder of the run's lock merges, so no live writer
+        if _UNFINISHED.match(name):
+            storage.remove(f"{METRICS}/{name}")
 
 
 def append_metrics(storage: RunStorage, rows: list[Row]) -> None:

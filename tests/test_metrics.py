@@ -365,3 +365,15 @@ def test_a_run_that_fills_its_disk_says_so_in_raysims_own_words_without_a_traceb
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in thread" not in err, err
     assert err.count("metrics sink 'tensorboard' failed") == 1 and not uncaught, (err, uncaught)
+
+
+def test_merging_the_parts_removes_a_part_a_killed_writer_left_unfinished(tmp_path):
+    storage = open_storage(tmp_path)
+    sink = ParquetSink(storage)
+    sink.write({"iteration": 1.0})
+    sink.flush()
+    (tmp_path / "metrics" / ".part-000001.parquet.tmp-99999").write_bytes(b"half a part")  # killed before its rename
+    sink.write({"iteration": 2.0})
+    sink.close()
+    assert os.listdir(tmp_path / "metrics") == [metric_parts(storage)[0][1].split("/")[1]]
+    assert [r["iteration"] for r in read_metrics(storage)] == [1.0, 2.0]
