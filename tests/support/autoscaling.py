@@ -11,18 +11,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import ray
 
 import raysim
 from raysim.coordinator import Trainer
-from tests.support.ray_head import RAY, free_port, process_table
+from tests.support.ray_head import RAY, free_port, stop_processes
 
 
 def cluster_config(port: int) -> dict:
@@ -57,43 +55,6 @@ def cluster_config(port: int) -> dict:
             "shard_node": {"resources": {"CPU": 1, "shard": 1}, "node_config": {}, "min_workers": 0, "max_workers": 3},
         },
     }
-
-
-def processes(markers: list[str]) -> dict[int, str]:
-    """Every live process whose command line or environment names one of ``markers``, and their descendants (the
-    raylets' agents: titles in place of command lines): pid -> start time (a pid used again is another process)."""
-    table = process_table()
-    found = {pid: row[1] for pid, row in table.items() if any(m.encode() in row[2] for m in markers)}
-    while children := {pid: row[1] for pid, row in table.items() if row[0] in found and pid not in found}:
-        found.update(children)
-    return found
-
-
-def stop_processes(*markers: str) -> None:
-    """SIGTERM, then SIGKILL to what is left after 3 s, every process of ``processes(markers)`` (found before any
-    is ended: the agents are found as their raylet's children); each round returns once none is left."""
-    found = processes(list(markers))
-
-    def left() -> list[int]:
-        alive = []
-        for pid, start in found.items():
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if stat[0] != "Z" and stat[19] == start:
-                alive.append(pid)
-        return alive
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in left():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 3
-        while left() and time.monotonic() < deadline:
-            time.sleep(0.1)
 
 
 class Placement:

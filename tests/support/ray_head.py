@@ -4,7 +4,7 @@
         subprocess.run([...], env=head.env)      # clients: RAY_ADDRESS not set; head.address to attach
 
 ``ray stop`` would end every Ray on the machine, other jobs' too; ``stop`` ends only this head's processes:
-those whose command line or environment names its temp dir, and their children (``pids``).
+those whose command line or environment names its temp dir, and their children (``stop_processes``).
 """
 
 from __future__ import annotations
@@ -50,12 +50,50 @@ def process_table() -> dict[int, tuple[int, str, bytes]]:
     return table
 
 
+def processes(markers: list[str]) -> dict[int, str]:
+    """Every live process whose command line or environment names one of ``markers``, and their descendants (the
+    raylets' agents: titles in place of command lines): pid -> start time (a pid used again is another process)."""
+    table = process_table()
+    found = {pid: row[1] for pid, row in table.items() if any(m.encode() in row[2] for m in markers)}
+    while children := {pid: row[1] for pid, row in table.items() if row[0] in found and pid not in found}:
+        found.update(children)
+    return found
+
+
+def stop_processes(*markers: str, grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL to what is left after ``grace`` seconds, every process of ``processes(markers)``
+    (found before any is ended: the raylets' agents are found as their children, and can outlive them; the Ray
+    client server ``ray start`` leaves names a head's temp dir only in its environment); each round returns once
+    none is left."""
+    found = processes(list(markers))
+
+    def left() -> list[int]:
+        alive = []
+        for pid, start in found.items():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if stat[0] != "Z" and stat[19] == start:
+                alive.append(pid)
+        return alive
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 class RayHead:
     """A token-authenticated Ray head on free ports; ``env`` is what a client process needs."""
 
     def __init__(self, num_cpus: int = 2, dashboard: bool = False, resources: str | None = None, grace: float = 2.0):
         self.grace = grace  # seconds ``stop`` gives the processes after SIGTERM (the GCS and raylet take > 1 s)
-        self.seen: dict[int, str] = {}  # this head's pids and their start times (see ``pids``)
         self.base = tempfile.mkdtemp(prefix="rsh", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.port, self.dashboard_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -100,28 +138,7 @@ class RayHead:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def pids(self) -> list[int]:
-        """This head's processes: those whose command line or environment names its temp dir, and their children
-        (the Ray client server ``ray start`` leaves has it only in its environment; the raylets' agents,
-        ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, retitle themselves). Children are remembered while
-        their parents run, since they can outlive them; a remembered pid whose start time changed is not ours."""
-        table = process_table()
-        self.seen = {pid: start for pid, start in self.seen.items() if table.get(pid, (0, ""))[1] == start}
-        self.seen.update({pid: row[1] for pid, row in table.items() if self.base.encode() in row[2]})
-        while children := {pid: row[1] for pid, row in table.items() if row[0] in self.seen and pid not in self.seen}:
-            self.seen.update(children)
-        return sorted(self.seen)
-
     def stop(self) -> None:
-        """End this head's processes only (by the temp dir in their command lines): SIGTERM, then SIGKILL to what
-        is left after ``grace`` seconds; each round returns as soon as none is left."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + self.grace
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.1)
+        """End this head's processes only (``stop_processes`` by its temp dir), then remove its temp dir."""
+        stop_processes(self.base, grace=self.grace)
         shutil.rmtree(self.base, ignore_errors=True)  # its sessions' logs and sockets
