@@ -22,6 +22,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,27 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def meta_json(meta: dict[str, Any]) -> bytes:
+    """``meta`` as ``meta.json``: plain JSON, an enum by its name; any other value is refused, naming its key
+    (the run checks its meta this way before its first iteration, so that no save can fail on it later)."""
+    return json.dumps(_plain_json(meta, "meta"), indent=2, sort_keys=True).encode()
+
+
+def _plain_json(value: Any, key: str) -> Any:
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, dict):
+        return {str(k): _plain_json(v, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_json(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise CheckpointError(
+        f"{key} holds a {type(value).__name__} ({value!r:.80}), which a checkpoint's meta.json cannot hold: "
+        "give it as plain data (numbers, strings, lists, mappings or an enum's name)"
+    )
+
+
 class Checkpoints:
     """The checkpoints of one run: save, list, load (verified), the newest intact one, scores, pruning."""
 
@@ -99,7 +121,7 @@ class Checkpoints:
         buffer = io.BytesIO()
         torch.save(state, buffer)
         meta = {**meta, "iteration": iteration, "checkpoint_format": FORMAT, "versions": package_versions()}
-        files = {STATE: buffer.getvalue(), META: json.dumps(meta, indent=2, sort_keys=True).encode()}
+        files = {STATE: buffer.getvalue(), META: meta_json(meta)}
         manifest = {"format": FORMAT, "files": {n: {"sha256": sha256(d), "bytes": len(d)} for n, d in files.items()}}
         staging = self.storage.staging(checkpoint.rel)
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -82,7 +83,9 @@ def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """Resources (arrays) become a hash of their content; everything else stays plain data."""
+    """Resources (arrays) become a hash of their content, an enum its name; everything else stays plain data."""
+    if isinstance(value, Enum):
+        return value.name
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in sorted(value.items())}
     if isinstance(value, (list, tuple)):

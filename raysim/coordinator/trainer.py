@@ -24,7 +24,7 @@ from pathlib import Path
 
 from raysim.actors import Backend, InputLost, cause
 from raysim.algos import algorithm_class
-from raysim.checkpoint import Checkpoint, Checkpoints
+from raysim.checkpoint import Checkpoint, Checkpoints, meta_json
 from raysim.config import Config, check_config, to_dict
 from raysim.coordinator import faults
 from raysim.coordinator.claim import RunClaim
@@ -95,6 +95,7 @@ class Trainer:
         identity, canonical_env = env_identity(to_dict(config.env))
         self.meta = {"identity": identity, "canonical_env": canonical_env, "model": to_dict(config.model)}
         self.meta["algo"] = config.algo.name  # every checkpoint's meta.json, beside the run state
+        meta_json(self.meta)  # a value meta.json cannot hold fails here, not at the first save
         self.plan = algorithm_class(config.algo.name).collection(config.algo)
         self.schedule = Schedule.of(config)
         self.session: Session | None = None  # opened by ``train``
