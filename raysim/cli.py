@@ -9,10 +9,13 @@ A traceback is printed only with ``--debug`` (or ``RAYSIM_DEBUG=1``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TextIO
 
 from raysim.checkpoint import CheckpointError
 from raysim.config import ConfigError, load_config
@@ -75,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = debug or args.debug
     try:
-        code = args.run(args)
-        sys.stdout.flush()  # a reader that went away fails the flush here, not at the interpreter's exit
+        with forgiving_stdout(args.command in RUNS):
+            code = args.run(args)
+            sys.stdout.flush()  # a reader that went away fails the flush here, not at the interpreter's exit
         return code
     except BrokenPipeError:  # stdout's reader stopped reading (`raysim config algo | head -1`): nothing to add
         quiet_stdout()
@@ -102,6 +106,48 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+#: Commands that train or evaluate: a reader of their output that goes away (`raysim train | head -2`) costs only
+#: the output, never the run's saves, evaluation or records.
+RUNS = ("train", "resume", "tune", "eval")
+
+
+class ForgivingStdout(io.TextIOBase):
+    """Standard output that, once its reader is gone, discards what is written instead of raising."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            quiet_stdout()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            quiet_stdout()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)  # isatty, fileno, encoding: the real stream's
+
+
+@contextlib.contextmanager
+def forgiving_stdout(enabled: bool) -> Iterator[None]:
+    """``sys.stdout`` as a ``ForgivingStdout`` while a run goes on (``enabled``), then as it was."""
+    if not enabled:
+        yield
+        return
+    stream = sys.stdout
+    sys.stdout = ForgivingStdout(stream)
+    try:
+        yield
+    finally:
+        sys.stdout = stream
 
 
 def quiet_stdout() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import subprocess
 import sys
@@ -218,6 +219,30 @@ def test_a_reader_that_stops_reading_ends_the_command_without_calling_it_a_bug()
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 1 and err == ""
+
+
+class ReaderGoneAfter(io.StringIO):
+    """Standard output whose reader stops after ``lines`` lines (``raysim train | head -2``)."""
+
+    def __init__(self, lines: int):
+        super().__init__()
+        self.left = lines
+
+    def write(self, text: str) -> int:
+        if self.left <= 0:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.left -= text.count("\n")
+        return super().write(text)
+
+
+def test_a_reader_that_stops_reading_during_training_costs_only_the_output(tmp_path, monkeypatch):
+    """The run goes on to its final save and evaluation; only what it prints is lost."""
+    stdout = ReaderGoneAfter(2)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    tiny = ["--set", "train.total_steps=512", "--set", "eval.episodes=2", "--set", "env.num_envs=4"]
+    assert main([*TRAIN, *tiny, "--run-dir", str(tmp_path / "run")]) == 0
+    assert stdout.getvalue().count("\n") == 2
+    assert list((tmp_path / "run" / "eval").glob("*.parquet")) and (tmp_path / "run" / "checkpoints").is_dir()
 
 
 def test_an_embedded_ray_that_does_not_start_is_an_error_saying_what_to_do_not_a_bug(tmp_path, capsys, monkeypatch):
