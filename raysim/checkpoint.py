@@ -43,6 +43,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: the message names the file and the cause."""
 
 
+class NoIntactCheckpoint(CheckpointError):
+    """Every checkpoint of a run is damaged: the message names each damaged file."""
+
+
 @dataclass(frozen=True, order=True)
 class Checkpoint:
     """One checkpoint directory of a run."""
@@ -166,7 +170,7 @@ class Checkpoints:
             if errors and announce:
                 print(f"raysim: falling back to checkpoint {self.storage.path(checkpoint.rel)}", flush=True)
             return checkpoint, state, meta
-        raise CheckpointError(f"no intact checkpoint in {self.storage.path(ROOT)}: " + "; ".join(errors))
+        raise NoIntactCheckpoint(f"no intact checkpoint in {self.storage.path(ROOT)}: " + "; ".join(errors))
 
     def record_score(self, checkpoint: Checkpoint, mean_return: float | None) -> None:
         """An evaluation of exactly this checkpoint's weights (what ``prune`` keeps the best of)."""

@@ -13,6 +13,7 @@ import torch
 
 import raysim
 from raysim.checkpoint import Checkpoints, locate_checkpoint
+from raysim.cli import main
 from raysim.config import ConfigError
 from raysim.coordinator.run_state import RunState
 from raysim.envs import make
@@ -284,3 +285,16 @@ def test_overrides_given_to_a_resume_become_part_of_the_runs_config(tmp_path, ca
     assert raysim.Trainer.from_run_dir(run_dir).train().env_steps == 1536  # a plain resume: the new budget
     assert raysim.load_config(run_dir / "configs" / "train.yaml").train.total_steps == 1536
     assert "train.total_steps=1536" in out  # said in one line
+
+
+def test_a_run_whose_only_checkpoint_is_damaged_says_what_the_user_can_do(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    raysim.Trainer(raysim.load_config(None, [*TINY, "checkpoint.keep_last=1", f"run_dir={run_dir}"])).train()
+    (only,) = (run_dir / "checkpoints").iterdir()
+    (only / "state.pt").write_bytes(b"damaged")
+    shutil.copytree(only, run_dir / "checkpoints" / "abandoned" / f"20261205-{only.name}")
+    assert main(["resume", str(run_dir), "--local"]) == 2
+    err = capsys.readouterr().err
+    assert f"no intact checkpoint in {run_dir / 'checkpoints'}: checkpoint file {only / 'state.pt'}" in err
+    assert f"1 checkpoint(s) of abandoned timelines in {run_dir / 'checkpoints' / 'abandoned'}" in err
+    assert f"raysim train {run_dir / 'configs' / 'train.yaml'} --run-dir NEW_DIR" in err

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.actors import Backend
-from raysim.checkpoint import Checkpoint, CheckpointError, Checkpoints
+from raysim.checkpoint import ABANDONED, ROOT, Checkpoint, CheckpointError, Checkpoints, NoIntactCheckpoint
 from raysim.config import Config, ConfigError, load_resume_config, to_dict
 from raysim.coordinator.roles import Roles, create_learner
 from raysim.coordinator.run_state import RunState
@@ -54,7 +54,10 @@ def resume_point(
     checkpoints = Checkpoints(storage)
     start_over = not checkpoints.complete() and storage.exists(SNAPSHOT)  # stopped before its first checkpoint
     if not start_over:
-        checkpoint, state, meta = checkpoints.newest_intact()
+        try:
+            checkpoint, state, meta = checkpoints.newest_intact()
+        except NoIntactCheckpoint as error:
+            raise NoIntactCheckpoint(f"{error}\n{next_steps_without_checkpoint(storage, run_dir)}") from None
     root = storage.local_copy("configs", "resources")
     resumed = load_resume_config(root, config, overrides)
     resumed.run_dir = run_dir
@@ -73,6 +76,21 @@ def resume_point(
             raise ConfigError(f"cannot resume {run_dir}: {message}\nPass --force to resume anyway.")
         print(f"raysim: WARNING: resuming with --force although {message}", flush=True)
     return resumed, ResumePoint(checkpoint, state, meta, force=identity != saved, changed=changed)
+
+
+def next_steps_without_checkpoint(storage: RunStorage, run_dir: str) -> str:
+    """What a user can do with a run whose every checkpoint is damaged, as one line."""
+    abandoned = storage.list(f"{ROOT}/{ABANDONED}")
+    older = (
+        f"move one of the {len(abandoned)} checkpoint(s) of abandoned timelines in {storage.path(f'{ROOT}/{ABANDONED}')} "
+        f"back into {storage.path(ROOT)}/ and resume from it; "
+        if abandoned
+        else ""
+    )
+    return (
+        f"to go on: put back a copy of the damaged file(s); {older}or start the run over from its configs: "
+        f"raysim train {storage.path(SNAPSHOT)} --run-dir NEW_DIR (checkpoint.keep_last > 1 keeps older ones to fall back on)"
+    )
 
 
 def restore(
