@@ -4,9 +4,10 @@
 task's defaults filled in (for ``gym:`` ids, the Gymnasium env's constructor and registration
 defaults), materialized resources replaced by a hash of their content, and runtime-only keys (row
 counts, seeds, devices, non-finite handling, file locations, descriptive metadata, the Gymnasium
-adapter's ``vectorize`` and ``autoreset_mode``, the Atari preset's ``threads``) left out; the Atari preset
-(``kwargs.atari``) has its defaults filled in; a frame stack (``env.frame_stack`` with
-k > 1) is in it, as it changes what the policy sees (k = 1 adds nothing to it). It is computed the
+adapter's ``autoreset_mode`` and ``vectorize`` ``sync`` or ``async``, the Atari preset's ``threads``) left
+out; ``vectorize: native`` is in it (the env's own vector env resets its rows, through a reset transition
+the rows see); the Atari preset (``kwargs.atari``) has its defaults filled in; a frame stack
+(``env.frame_stack`` with k > 1) is in it, as it changes what the policy sees (k = 1 adds nothing to it). It is computed the
 same way on save and on resume, so a run resumes from the original declaration, from its own
 ``configs/gym.yaml`` snapshot, and from a moved run directory. A checkpoint's saved canonical config
 is put in ``current_form`` before it is compared (``checkpoint_identity``): a run resumes whichever
@@ -71,10 +72,12 @@ def canonical_env(env: dict[str, Any]) -> dict[str, Any]:
 
 def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
     """``canonical`` (as any raysim version saved it) in the form ``env_identity`` hashes: for ``gym:`` ids the
-    adapter's runtime options left out and the Gymnasium defaults filled in (idempotent)."""
+    adapter's runtime options left out (``vectorize: native`` kept) and the Gymnasium defaults filled in
+    (idempotent)."""
     env_id, options = canonical["id"], dict(canonical.get("kwargs") or {})
     if env_id.startswith("gym:"):
-        options = {k: v for k, v in options.items() if k not in ADAPTER_OPTIONS}
+        native = {"vectorize": "native"} if options.get("vectorize") == "native" else {}
+        options = {**{k: v for k, v in options.items() if k not in ADAPTER_OPTIONS}, **native}
         if "atari" in options:  # the Atari preset: every option filled in, its runtime ones left out
             options["atari"] = canonical_preset(options["atari"])
         options = {**_plain(gym_defaults(env_id)), **options}

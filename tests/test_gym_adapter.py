@@ -12,6 +12,7 @@ from gymnasium.vector import AutoresetMode
 
 from raysim.envs import make
 from raysim.envs.cartpole import X_THRESHOLD
+from raysim.identity import current_form, differences, env_identity
 from raysim.rollout import EnvShard
 
 MODES = ["NextStep", "SameStep", "Disabled"]
@@ -257,3 +258,33 @@ def test_nested_info_from_a_wrapper_does_not_break_episode_reports(mode):
             reports += step.done_rows.numel()
     assert reports > 10
     env.close()
+
+
+def test_a_native_vector_envs_rows_restart_their_recurrent_state_at_the_new_episodes_first_observation():
+    """NEXT_STEP native: a finished row's next observation is still its final one (the reset transition follows,
+    masked); its state restarts at the observation after it, the new episode's first, not at the old final one."""
+    model = {"recurrent": "lstm", "recurrent_size": 8, "hidden_sizes": [16]}
+    shard = EnvShard("gym:CartPole-v1", 8, seed=3, model=model, env_kwargs={"vectorize": "native"})
+    weights = {"version": 0, "actor": shard.actor.state_dict()}
+    first, second = shard.rollout(weights, 60), shard.rollout(weights, 60)
+    done = first.terminated | first.truncated
+    assert int(done.sum()) >= 4, "random actions end many CartPole episodes"
+    assert bool(first.starts[0].all())  # a new shard's rows start fresh episodes
+    assert not first.starts[1:][done].any()  # the old final observation is read with the old episode's state
+    assert torch.equal(first.starts[1:], ~first.mask)  # the reset transition's observation starts the new one
+    assert torch.equal(second.starts[1:], ~second.mask) and torch.equal(second.starts[0], first.starts[-1])
+    new_first = first.obs["policy"][1:][first.starts[1:]]
+    assert (new_first.abs() <= 0.05).all(), "a restart on an observation that does not start a CartPole episode"
+    shard.env.close()
+
+
+def test_vectorize_native_is_part_of_the_env_identity_sync_and_async_are_not():
+    """``native`` changes what a row sees (its own resets, the reset transition): a resume cannot switch to or from
+    it silently; ``sync`` and ``async`` step the same rows."""
+    plain = env_identity({"id": "gym:CartPole-v1", "kwargs": {}})
+    for vectorize in ("sync", "async"):
+        assert env_identity({"id": "gym:CartPole-v1", "kwargs": {"vectorize": vectorize}})[0] == plain[0]
+    native = env_identity({"id": "gym:CartPole-v1", "kwargs": {"vectorize": "native"}})
+    assert native[0] != plain[0]
+    assert differences(plain[1], native[1]) == ["kwargs.vectorize: checkpoint has '<absent>', this config has 'native'"]
+    assert current_form(native[1]) == native[1]  # the saved form stays as it is

@@ -23,6 +23,12 @@ Rules (the same as docs/concepts.md, "The step contract"):
   in an Atari game under episodic life: ``terminated`` for the bootstrap rule, the game continues)
   is in ``done_rows`` and ``final_obs`` but not in ``episode_rows``, the rows whose episode ended;
   then ``episodes`` is aligned with ``episode_rows`` instead. ``episode_rows`` None: every done row.
+- A row's trajectory starts where its ``obs`` is the first of its next one: a recurrent state and a frame
+  stack restart there (``Step.started_rows``). That is the done rows (same-step reset), except where an
+  env shows the final observation once more and resets in its next step (a Gymnasium vector env
+  vectorized ``native``: the row starts in that next step, the reset transition), and where a done the
+  policy was trained with is not a done in evaluation (an Atari life under ``episodic_life``: the row
+  restarts there too, as in training).
 """
 
 from __future__ import annotations
@@ -57,10 +63,16 @@ class Step:
     #: [E] int64, the done rows whose episode ended (``episodes`` is aligned with them), ascending;
     #: None when every done row's episode ended (the usual case).
     episode_rows: torch.Tensor | None = None
+    #: [S] int64, the rows whose ``obs`` starts a trajectory (see the module), ascending; None: the done rows.
+    start_rows: torch.Tensor | None = None
 
     def ended_rows(self) -> torch.Tensor:
         """The rows whose episode ended in this step (``episodes`` is aligned with them)."""
         return self.done_rows if self.episode_rows is None else self.episode_rows
+
+    def started_rows(self) -> torch.Tensor:
+        """The rows whose ``obs`` is the first of a trajectory: their recurrent state and frame stack restart."""
+        return self.done_rows if self.start_rows is None else self.start_rows
 
     # When no row finished (K == 0), ``final_obs`` and ``episodes`` are empty dicts.
 

@@ -5,11 +5,13 @@ Gymnasium) that the shard builds; the env itself knows nothing of it. A stacked 
 row's last ``k`` observations, oldest first, concatenated along the channel axis of an image (``C x H x W``
 -> ``k*C x H x W``, or ``H x W x C`` -> ``H x W x k*C``; uint8 kept) and along the first axis of a vector.
 
-Reset-aware, batched: when a row's episode starts (``reset``, ``reset_rows``, a same-step auto-reset) its
-stack restarts filled with ``k`` copies of its first observation (Gymnasium's ``FrameStackObservation``
-with ``padding_type="reset"``; SB3's ``VecFrameStack`` pads with zeros instead). A finished row's
-``final_obs`` is its stack as it was at the end (its final observation last, owned), so the terminal value
-bootstraps from what the policy would have seen. The stacks are part of ``get_state``.
+Reset-aware, batched: when a row's trajectory starts (``reset``, ``reset_rows``, ``Step.started_rows``: the
+rows of a same-step auto-reset, or a native Gymnasium vector env's row one step after its done, at the new
+episode's first observation, not the old one's final) its stack restarts filled with ``k`` copies of that
+first observation (Gymnasium's ``FrameStackObservation`` with ``padding_type="reset"``; SB3's
+``VecFrameStack`` pads with zeros instead). A finished row's ``final_obs`` is its stack as it was at the end
+(its final observation last, owned), so the terminal value bootstraps from what the policy would have
+seen. The stacks are part of ``get_state``.
 """
 
 from __future__ import annotations
@@ -98,16 +100,17 @@ class FrameStack(BatchedEnv):
         return self._observed(obs)
 
     def step(self, actions: torch.Tensor) -> Step:
-        """Push every row's new observation; a finished row's ``final_obs`` is its whole last stack, and its
-        stack restarts from the new episode's first observation."""
+        """Push every row's new observation; a finished row's ``final_obs`` is its whole last stack, and a row
+        whose next trajectory starts here (``Step.started_rows``) restarts from that trajectory's first observation."""
         step = self.env.step(actions)
-        done = step.done_rows
+        done, started = step.done_rows, step.started_rows()
         stacks = {}
         for group, stack in self.stacks.items():
             stacks[group] = self._push(group, stack, step.obs[group])
             if done.numel():
                 step.final_obs[group] = self._push(group, stack[done], step.final_obs[group])
-                stacks[group][done] = self._repeat(group, step.obs[group][done])
+            if started.numel():
+                stacks[group][started] = self._repeat(group, step.obs[group][started])
         self.stacks = stacks
         step.obs = self._observed(step.obs)
         return step

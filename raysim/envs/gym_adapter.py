@@ -12,8 +12,11 @@ each into raysim's same-step contract:
 - A native vector env in ``NEXT_STEP`` mode whose ``reset`` cannot reset a subset of rows
   (``reset_mask``; Gymnasium's ``CartPoleVectorEnv`` is one) is stepped through its own reset
   transition: that transition is reported with ``Step.valid`` False for the row and is never
-  trained on. It cannot start one row from a seed (``resets_rows`` False), so its evaluation
-  episodes are keyed by row and depend on the layout (``raysim.rollout.endings.EvalEnding``).
+  trained on. Until then the row's ``obs`` is its final observation; its next trajectory starts
+  at the reset transition's observation (``Step.start_rows``: a recurrent state and a frame stack
+  restart there, not at the final observation). It cannot start one row from a seed
+  (``resets_rows`` False), so its evaluation episodes are keyed by row and depend on the layout
+  (``raysim.rollout.endings.EvalEnding``).
 
 Observations: a ``Box`` space becomes the ``policy`` group; a ``Dict`` of ``Box`` spaces maps each
 key to a group of the same name (the model config names the groups its networks read). An image
@@ -23,7 +26,7 @@ becomes float32. Episode reports carry ``return``, ``length`` and, where the env
 
 Pictures (``frames``, for videos) are the sub-envs' own ``render()`` in ``render_mode="rgb_array"``,
 which a filmed evaluation sets (``with_pictures``); ``render_mode`` does not change what the env is
-(it is left out of the env identity, as ``vectorize`` is).
+(it is left out of the env identity, as ``vectorize`` is, except ``native``: ``raysim.identity``).
 
 Ids of a namespace another package registers (``ALE/...``: ``ale_py``) are registered by importing
 it, and so are ale-py's ids without a namespace (``BreakoutNoFrameskip-v4``); a package that is not
@@ -57,7 +60,8 @@ VECTORIZE = ("sync", "async", "native")
 NAMESPACE_PACKAGES = {"ALE": ("ale_py", "raysim[atari]")}
 #: Gymnasium extras that raysim has an extra for, of the same name (``raysim[mujoco]`` installs ``gymnasium[mujoco]``).
 RAYSIM_EXTRAS = ("mujoco", "atari")
-#: The adapter's own options: how it runs the env, not what the env is (left out of the env identity).
+#: The adapter's own options: how it runs the env, not what the env is (left out of the env identity but
+#: ``vectorize: native``, whose rows see the vector env's own resets).
 RUNTIME_OPTIONS = ("vectorize", "autoreset_mode", "render_mode")
 
 
@@ -105,6 +109,8 @@ class GymAdapter(BatchedEnv):
         self.mode = AutoresetMode(self.vec.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self.masked_reset = vectorize != "native"  # Sync/AsyncVectorEnv honour reset_mask
         self.resets_rows = self.masked_reset
+        # a native NEXT_STEP env resets a finished row in its next step (a reset transition, dropped)
+        self.resets_next_step = not self.masked_reset and self.mode == AutoresetMode.NEXT_STEP
         if not self.masked_reset and self.mode == AutoresetMode.DISABLED:
             raise ValueError(f"{self.env_id}: a native vector env with autoreset DISABLED is not supported")
         self.action_space = self.vec.single_action_space
@@ -177,7 +183,7 @@ class GymAdapter(BatchedEnv):
             if self.mode != AutoresetMode.SAME_STEP and self.masked_reset:
                 obs, _ = self.vec.reset(options={"reset_mask": done.copy()})
         # A native NEXT_STEP env resets these rows in its next step: that transition is dropped.
-        self._pending_reset = done & (self.mode == AutoresetMode.NEXT_STEP and not self.masked_reset)
+        self._pending_reset = done & self.resets_next_step
         self._obs = self._to_groups(obs)
         return Step(
             obs=self._obs,
@@ -188,6 +194,8 @@ class GymAdapter(BatchedEnv):
             final_obs=final_obs,
             episodes=episodes,
             valid=None if valid.all() else torch.from_numpy(valid.copy()),
+            # the rows reset in this step start here, the rows that finished in it one step later
+            start_rows=torch.from_numpy(np.flatnonzero(~valid)) if self.resets_next_step else None,
         )
 
     def frames(self, size: int) -> torch.Tensor:

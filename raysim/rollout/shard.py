@@ -239,8 +239,8 @@ class EnvShard:
                     step = self.env.step(self.actor.env_action(ending.act(t, obs)))
                     bad = self._nonfinite_rows(step, t) if each_step else None
                     ending.after_step(t, step, bad)
-                    if self.memory is not None:  # finished rows start their next episode with a zero state
-                        self.memory.restart(step.done_rows)
+                    if self.memory is not None:  # a row's next trajectory starts with a zero state
+                        self.memory.restart(step.started_rows())
                     obs = step.obs
                     t += 1
         except Exception as error:
