@@ -57,7 +57,7 @@ def resume_point(
         try:
             checkpoint, state, meta = checkpoints.newest_intact()
         except NoIntactCheckpoint as error:
-            raise NoIntactCheckpoint(f"{error}\n{next_steps_without_checkpoint(storage, run_dir)}") from None
+            raise NoIntactCheckpoint(f"{error}\n{next_steps_without_checkpoint(storage)}") from None
     root = storage.local_copy("configs", "resources")
     resumed = load_resume_config(root, config, overrides)
     resumed.run_dir = run_dir
@@ -78,18 +78,20 @@ def resume_point(
     return resumed, ResumePoint(checkpoint, state, meta, force=identity != saved, changed=changed)
 
 
-def next_steps_without_checkpoint(storage: RunStorage, run_dir: str) -> str:
+def next_steps_without_checkpoint(storage: RunStorage) -> str:
     """What a user can do with a run whose every checkpoint is damaged, as one line."""
     abandoned = storage.list(f"{ROOT}/{ABANDONED}")
+    folder = storage.path(f"{ROOT}/{ABANDONED}")
     older = (
-        f"move one of the {len(abandoned)} checkpoint(s) of abandoned timelines in {storage.path(f'{ROOT}/{ABANDONED}')} "
-        f"back into {storage.path(ROOT)}/ and resume from it; "
+        f"move one of the {len(abandoned)} checkpoint(s) of abandoned timelines in {folder} back into "
+        f"{storage.path(ROOT)}/ and resume from it; "
         if abandoned
         else ""
     )
     return (
         f"to go on: put back a copy of the damaged file(s); {older}or start the run over from its configs: "
-        f"raysim train {storage.path(SNAPSHOT)} --run-dir NEW_DIR (checkpoint.keep_last > 1 keeps older ones to fall back on)"
+        f"raysim train {storage.path(SNAPSHOT)} --run-dir NEW_DIR "
+        "(checkpoint.keep_last > 1 keeps older ones to fall back on)"
     )
 
 
