@@ -171,3 +171,16 @@ def test_a_local_run_with_obs_norm_saves_its_statistics_and_a_resumed_run_contin
     assert float(b["actor.obs_norm.count"]) == 16 * 128  # continued from the checkpoint's statistics
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # exactly as without the stop
     assert straight.evaluation.records == resumed.evaluation.records
+
+
+def test_an_update_reads_the_statistics_the_actors_acted_with_so_its_first_ratio_is_exactly_one():
+    """Lockstep with ``model.obs_norm`` is plain PPO: the chunk's statistics are merged after the update."""
+    shard = EnvShard("raysim/CartPole", 8, seed=0, model=NORM, env_kwargs={"max_episode_steps": 12})
+    algo = PPOConfig(num_steps=16, num_minibatches=1, update_epochs=1, lr=1e-12)  # the metrics: the first minibatch's
+    learn = Learner(*shard.spaces()[:2], NORM, algo, horizon=10)
+    for _ in range(3):
+        chunk = shard.rollout(learn.get_weights(), 16)
+        before = buffers(learn.model)
+        metrics = learn.update(chunk)
+        assert metrics["approx_kl"] == 0.0 and metrics["clipfrac"] == 0.0
+        assert float(learn.model.actor.obs_norm.count) == float(before["actor.obs_norm.count"]) + 16 * 8  # merged

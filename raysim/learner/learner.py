@@ -190,12 +190,12 @@ class Learner:
         """
         trained = chunks[: len(chunks) - num_stale]
         chunks_here = [to_device(c, self.device) for c in trained]
-        self.update_normalizers(chunks_here)  # before the algorithm's values and advantages (model.obs_norm)
         lr = self.learning_rate(env_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.algorithm.version = self.version  # chunks of a lower policy_version were collected by an older policy
         metrics = self.algorithm.update(chunks_here, self.step, self.generator)
+        self.update_normalizers(chunks_here)  # after: the update reads the statistics the actors acted with
         self.version += 1
         self.window.add(metrics, episode_sums(chunks))
         result = {
@@ -213,7 +213,8 @@ class Learner:
         """Merge the chunks' valid observations into the running observation statistics (``model.obs_norm``).
 
         The only place the statistics change: from training chunks (``obs[g][:-1][mask]``; never
-        final_obs, evaluation or the shards). Each network's normalizer takes the vector groups it reads
+        final_obs, evaluation or the shards), after the algorithm's update, whose values, advantages and
+        ratios use the statistics the chunks were acted with (lockstep is plain PPO: the first ratio is 1). Each network's normalizer takes the vector groups it reads
         (``GroupInputs.vector_input``); all ranks end with the statistics of the union of their batches.
         """
         networks = [m for m in (self.model.actor, self.model.critic) if m is not None and m.obs_norm is not None]

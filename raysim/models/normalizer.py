@@ -8,8 +8,9 @@ forward is
 
     clamp((x - mean) / sqrt(var + epsilon), -clip, clip)
 
-The statistics change only in ``Learner.update``, from the valid observations of the training
-chunks (never from evaluation, terminal-value inference or the shards). Batches are merged with
+The statistics change only in ``Learner.update``, after the algorithm's update (which reads the
+statistics the actors acted with), from the valid observations of the training chunks (never from
+evaluation, terminal-value inference or the shards). Batches are merged with
 the parallel-variance formula (``combine``, Chan et al.); with several learner ranks every rank
 combines every rank's batch statistics in rank order (``merge_across_ranks``), so all ranks hold
 identical statistics.
