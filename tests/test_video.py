@@ -4,6 +4,7 @@ episodes, one grid of the evaluation's rows per frame, blank tiles for rows done
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +18,8 @@ import torch
 from raysim.actors import LocalBackend, RayBackend
 from raysim.cli import main
 from raysim.envs import make
+from raysim.envs.errors import CannotRender
+from raysim.envs.registry import registered
 from raysim.evaluation import EvalSpec, evaluate_on_shards
 from raysim.models.networks import ActorCritic, ModelConfig
 from raysim.recording import Film
@@ -240,3 +243,19 @@ def test_a_resumed_run_retires_the_videos_of_iterations_after_its_checkpoint_wit
     (run / "videos" / "5.mp4").write_bytes(b"an abandoned timeline's video")  # as if iteration 5 had been lost
     assert main(["resume", str(run), "--local"]) == 0  # on to the budget: iteration 4
     assert sorted(p.name for p in (run / "videos").iterdir()) == ["1.mp4", "2.mp4", "3.mp4", "4.mp4"]
+
+
+def test_the_evaluation_page_names_every_native_task_that_draws_and_none_that_does_not():
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "evaluation.md").read_text().split())
+    pictures = page[page.index("- **Pictures**") : page.index("- **Streamed**")]
+    nothing = pictures[pictures.index("An env that draws nothing") :]
+    said_to_draw = set(re.findall(r"`(raysim/\w+)`", pictures[: pictures.index("An env that draws nothing")]))
+    drawing = set()
+    for env_id in registered():
+        try:
+            make(env_id, 1, seed=0).frames(32)
+            drawing.add(env_id)
+        except CannotRender:
+            pass
+    assert said_to_draw == drawing
+    assert not set(re.findall(r"`(raysim/\w+)`", nothing)) & drawing
