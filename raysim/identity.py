@@ -7,11 +7,11 @@ counts, seeds, devices, non-finite handling, file locations, descriptive metadat
 adapter's ``autoreset_mode`` and ``vectorize`` ``sync`` or ``async``, the Atari preset's ``threads``) left
 out; ``vectorize: native`` is in it (the env's own vector env resets its rows, through a reset transition
 the rows see); the Atari preset (``kwargs.atari``) has its defaults filled in; a frame stack
-(``env.frame_stack`` with k > 1) is in it, as it changes what the policy sees (k = 1 adds nothing to it). It is computed the
-same way on save and on resume, so a run resumes from the original declaration, from its own
-``configs/gym.yaml`` snapshot, and from a moved run directory. A checkpoint's saved canonical config
-is put in ``current_form`` before it is compared (``checkpoint_identity``): a run resumes whichever
-raysim version saved it.
+(``env.frame_stack`` with k > 1) is in it, as it changes what the policy sees (k = 1 adds nothing to
+it). It is computed the same way on save and on resume, so a run resumes from the original
+declaration, from its own ``configs/gym.yaml`` snapshot, and from a moved run directory. A
+checkpoint's saved canonical config is put in ``current_form`` before it is compared
+(``checkpoint_identity``): a run resumes whichever raysim version saved it.
 """
 
 from __future__ import annotations

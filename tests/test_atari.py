@@ -14,7 +14,7 @@ import torch
 from raysim.envs import make
 from raysim.envs.spaces import is_image_space
 from raysim.identity import env_identity
-from raysim.models import Actor, ModelConfig
+from raysim.models import Actor, ModelConfig, RowMemory
 from raysim.models.encoders import NatureCNN
 from raysim.rollout import EnvShard, EvalEpisodes
 
@@ -120,6 +120,36 @@ def test_evaluation_counts_whole_games_with_raw_scores_even_where_lives_end_traj
     same, _, _ = training.evaluate(weights, plan)
     summary = sorted((r["episode"], r["length"], r["return"]) for r, _ in games)
     assert sorted((r["episode"], r["length"], r["return"]) for r, _ in same) == summary
+
+
+class RestartLog(RowMemory):
+    """A row memory that notes, at each step the policy reads, whether the row's state restarts there."""
+
+    def __init__(self, core, rows: int):
+        super().__init__(core, rows)
+        self.restarts: list[bool] = []
+
+    def advance(self, core, x, by_row=False):
+        self.restarts.append(bool(self.starting[0]))
+        return super().advance(core, x, by_row)
+
+
+def test_a_recurrent_policys_state_restarts_at_each_lost_life_in_evaluation_as_in_training():
+    """Trained with episodic life, a recurrent policy's state was zeroed at every life: evaluation, which plays
+    whole games, restarts it there too, so the game is the one the training env's lives-as-dones give."""
+    model = {"hidden_sizes": [16], "recurrent": "lstm", "recurrent_size": 8, "cnn_features": 32}
+    plan = EvalEpisodes(quotas=[1], row_offset=0, seed=5, max_steps=5000, deterministic=False)
+    played = {}
+    for evaluation in (True, False):
+        shard = EnvShard(BREAKOUT, 1, seed=3, env_kwargs={"atari": {}}, model=model, evaluation=evaluation)
+        shard.memory = RestartLog(shard.actor.core, 1)
+        torch.manual_seed(0)
+        weights = {"version": 0, "actor": Actor(*shard.spaces()[:2], ModelConfig(**model)).state_dict()}
+        games, _, _ = shard.evaluate(weights, plan)
+        played[evaluation] = [(r["length"], r["return"]) for r, _ in games], shard.memory.restarts
+        shard.env.close()
+    assert played[True] == played[False]
+    assert sum(played[True][1]) == 5, "a game of Breakout's 5 lives: its start and 4 lost lives restart the state"
 
 
 def test_equal_reset_seeds_give_equal_games():

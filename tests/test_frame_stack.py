@@ -255,7 +255,6 @@ def test_ppo_trains_on_camera_reach_with_a_stack_of_two_and_the_cnn_reads_six_ch
     assert locate_checkpoint(Path(resumed.run_dir))[3]["iteration"] > 2
 
 
-
 def test_a_native_vector_envs_stack_restarts_at_the_new_episodes_first_observation_not_the_old_final_one():
     """A native Gymnasium vector env (NEXT_STEP) shows a finished row's final observation once more and resets it
     in its next step (a reset transition, masked): the stack restarts there, k copies of the new episode's first
@@ -264,7 +263,9 @@ def test_a_native_vector_envs_stack_restarts_at_the_new_episodes_first_observati
     shard = EnvShard("gym:CartPole-v1", 8, seed=2, env_kwargs={"vectorize": "native"}, frame_stack=stack)
     chunk = shard.rollout({"version": 0, "actor": shard.actor.state_dict()}, 60)
     frames = chunk.obs["policy"].reshape(61, 8, K, 4)  # [t, row, frame (oldest first), features]
-    finals = {(t, row): i for i, (t, row) in enumerate(zip(chunk.final_t.tolist(), chunk.final_row.tolist()))}
+    finals = {
+        (t, row): i for i, (t, row) in enumerate(zip(chunk.final_t.tolist(), chunk.final_row.tolist(), strict=True))
+    }
     restarts = (~chunk.mask).nonzero().tolist()  # step t resets the row: obs[t + 1] is its new episode's first
     assert len(restarts) >= 4, "random actions end many CartPole episodes"
     for t, row in restarts:

@@ -267,3 +267,45 @@ def test_an_address_where_something_else_listens_is_refused_before_ray_is_asked(
     argv = ["train", "--address", not_ray, "--run-dir", str(tmp_path / "run")]
     refused(argv, capsys, ray_never_starts, f"no Ray cluster answers at {not_ray}")
     assert not Path(tmp_path / "run").exists()
+
+
+# -- issue 41: settings that cannot mean what they say ------------------------------------------------
+
+
+def test_an_atari_preset_stacking_more_frames_than_pixels_per_side_is_refused_naming_the_key(
+    tmp_path, capsys, ray_never_starts
+):
+    """``[12, 10, 10]`` would read as channels last (10 channels of 12 x 10): refused as ``env.frame_stack`` is."""
+    pytest.importorskip("ale_py")
+    sets = ["env.kwargs.atari.frame_stack=12", "env.kwargs.atari.screen_size=10", "model.cnn=small"]
+    argv = ["train", "breakout_ppo", *[arg for setting in sets for arg in ("--set", setting)]]
+    expected = "env.kwargs.atari.frame_stack: 12 frames of 10x10 would read as another channel order"
+    refused([*argv, "--run-dir", str(tmp_path / "run")], capsys, ray_never_starts, expected)
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        (["model.cnn=nature"], "model.cnn: nature can have no effect: the env has no image observations"),
+        (["model.shared_encoders=true", "model.cnn=impala"], "model.cnn: impala can have no effect"),
+        (["model.shared_encoders=true"], "model.shared_encoders: True can have no effect"),
+        (["model.cnn_features=64"], "model.cnn_features: 64 can have no effect"),
+    ],
+)
+def test_a_cnn_setting_on_an_env_without_images_is_refused_naming_the_key(
+    settings, expected, tmp_path, capsys, ray_never_starts
+):
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    refused(["train", *sets, "--run-dir", str(tmp_path / "run")], capsys, ray_never_starts, expected, "leave model.")
+
+
+def test_a_cnn_setting_where_the_networks_read_none_of_the_envs_images_is_refused_naming_the_inputs():
+    from raysim import load_config
+    from raysim.composition import ConfigError
+    from raysim.coordinator.preflight import check_env_and_model
+    from tests.support import multi_input  # noqa: F401  (registers RaysimTest/Spot-v0)
+
+    vectors = ["env.id=gym:RaysimTest/Spot-v0", "model.actor_inputs=[joints]", "model.critic_inputs=[critic]"]
+    with pytest.raises(ConfigError, match=r"model.cnn: small can have no effect: the networks read none of its image"):
+        check_env_and_model(load_config(None, [*vectors, "model.cnn=small"]))
+    assert check_env_and_model(load_config(None, [*vectors[:1], "model.actor_inputs=[camera, joints]"]))

@@ -1,9 +1,9 @@
 """Checks before any work: the env and the model can be built from the config, in the driver, in a second.
 
 A typo in ``env.id`` or ``env.kwargs``, a task option out of its range, an env whose package is not
-installed (saying what to install), an action space the model cannot act in, a run directory that
-cannot be written: each is a ``ConfigError`` naming the key, raised before Ray starts or anything is
-written, not a traceback from inside a shard on another node.
+installed (saying what to install), an action space the model cannot act in, a CNN setting where the
+networks read no image, a run directory that cannot be written: each is a ``ConfigError`` naming the
+key, raised before Ray starts or anything is written, not a traceback from inside a shard on another node.
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ from raysim.envs import make, stacked
 from raysim.envs.errors import CannotRender, EnvOptionError, MissingDependencyError, UnknownEnvError
 from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.messages import captured
-from raysim.models import ActorCritic
+from raysim.envs.spaces import is_image_space
+from raysim.models import ActorCritic, ModelConfig
 from raysim.storage import is_uri, unwritable
+
+#: Model settings that only an image group's encoder reads.
+IMAGE_SETTINGS = ("cnn", "cnn_features", "shared_encoders")
 
 
 def check_env_and_model(config: Config) -> tuple[Any, Any]:
@@ -47,12 +51,33 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         env.close()
         raise ConfigError(one_line(error)) from error
     try:
-        ActorCritic(env.observation_spaces, env.action_space, config.model)
-        return env.observation_spaces, env.action_space
+        model = ActorCritic(env.observation_spaces, env.action_space, config.model)
     except ValueError as error:
         raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
     finally:
         env.close()
+    check_image_settings(config, model, env.observation_spaces)
+    return env.observation_spaces, env.action_space
+
+
+def check_image_settings(config: Config, model: ActorCritic, observation_spaces: dict[str, Any]) -> None:
+    """A ``ConfigError`` for a CNN setting (``model.cnn``, ``cnn_features``, ``shared_encoders``) away from its
+    default where no network reads an image group: it could have no effect, and would be ignored silently."""
+    if model.actor.image_groups or (model.critic is not None and model.critic.image_groups):
+        return
+    defaults = ModelConfig()
+    for key in IMAGE_SETTINGS:
+        value = getattr(config.model, key)
+        if value == getattr(defaults, key):
+            continue
+        if any(is_image_space(space) for space in observation_spaces.values()):
+            why = "the networks read none of its image groups (model.actor_inputs, model.critic_inputs)"
+        else:
+            why = "the env has no image observations"
+        raise ConfigError(
+            f"model.{key}: {value} can have no effect: {why} ({config.env.id}: {sorted(observation_spaces)}); "
+            f"leave model.{key} out"
+        )
 
 
 def check_renders(config: Config) -> None:

@@ -17,7 +17,9 @@ Games, not lives. In training (``evaluation`` False) two options shape what the 
 
 An episode is a whole game: its report (``return``: the raw game score, all lives, unclipped; ``length``:
 agent steps) comes when the game is over or its frame limit cuts it (``truncated``: bootstrap). Evaluation
-(``evaluation`` True) plays whole games with raw rewards: no episodic life, no clipping.
+(``evaluation`` True) plays whole games with raw rewards: no episodic life, no clipping; but where the policy
+was trained with ``episodic_life``, a lost life still starts the row's next trajectory (``Step.start_rows``: a
+recurrent state restarts there, as it did in training; the game goes on and no done is reported).
 
 ``fire_reset`` presses FIRE for the policy when a game starts and on a row's next step after a lost life (as
 CleanRL's and SB3's wrapper order does; ale-py's vector env has no such option): that step's action is
@@ -102,6 +104,12 @@ def atari_preset(value: Any) -> AtariPreset:
     if problems:
         key, _, why = problems[0].partition(" ")
         raise EnvOptionError(why, f"atari.{key}")
+    if preset.frame_stack > preset.screen_size:  # [k, size, size] would read as channels last (raysim.envs.spaces)
+        raise EnvOptionError(
+            f"{preset.frame_stack} frames of {preset.screen_size}x{preset.screen_size} would read as another channel "
+            "order (more frames than height or width): stack at most screen_size frames",
+            "atari.frame_stack",
+        )
     return preset
 
 
@@ -234,6 +242,8 @@ class AtariEnv(BatchedEnv):
         self.game_length += ~fire
         terminated = game_over | (lost & self.episodic_life)
         done_rows = np.flatnonzero(terminated | truncated)
+        # the policy's trajectories restart at every life it was trained on, in evaluation too
+        start_rows = np.flatnonzero(ended | (lost & self.preset.episodic_life))
         self._obs = {"policy": torch.from_numpy(np.array(obs))}
         final_obs, episodes, episode_rows = self._finished(done_rows, ended, info)
         reward = np.sign(raw) if self.clip_rewards else raw
@@ -247,6 +257,7 @@ class AtariEnv(BatchedEnv):
             episodes=episodes,
             valid=torch.from_numpy(~fire) if fire.any() else None,
             episode_rows=None if episode_rows.size == done_rows.size else torch.from_numpy(episode_rows),
+            start_rows=None if start_rows.size == done_rows.size else torch.from_numpy(start_rows),
         )
 
     def _finished(self, done_rows: np.ndarray, ended: np.ndarray, info: dict) -> tuple[Obs, dict, np.ndarray]:
