@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import sys
 import types
 import typing
@@ -271,23 +272,43 @@ def check_config(config: Config, where: str = "config") -> None:
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from error
     per_row, minibatches = algorithm.collection(config.algo).steps_per_row, config.algo.num_minibatches
-    rows = config.shards.count // ranks * config.env.num_envs
+    rows, counted = least_trained_rows(config)
     if config.model.recurrent != "none":
         if not algorithm.trains_recurrent:
             raise ConfigError(
                 f"{where}: algo {config.algo.name!r} does not train recurrent policies (model.recurrent: "
                 f"{config.model.recurrent}); use algo.name: ppo, or model.recurrent: none"
             )
-        if rows % minibatches:
+        if config.shards.max is None and rows % minibatches:
             raise ConfigError(
                 f"{where}: with model.recurrent a minibatch is whole rows: a learner rank's {rows} rows "
-                f"(shards.count / learner.ranks x env.num_envs) must divide into algo.num_minibatches ({minibatches})"
+                f"({counted}) must divide into algo.num_minibatches ({minibatches})"
+            )
+        if rows < minibatches:  # elastic: the rows vary, an uneven split uses them all (run_epochs)
+            raise ConfigError(
+                f"{where}: with model.recurrent a minibatch is whole rows: a learner rank can train on as few as "
+                f"{rows} rows ({counted}; elastic shards never go below shards.count), fewer than "
+                f"algo.num_minibatches ({minibatches})"
             )
     if per_row is not None and rows * per_row < minibatches:
         raise ConfigError(
             f"{where}: algo.num_minibatches ({minibatches}) is more than a learner rank's batch of {rows * per_row} "
-            f"transitions (shards.count / learner.ranks x env.num_envs x {per_row} steps): lower it or collect more"
+            f"transitions ({counted} x {per_row} steps): lower it or collect more"
         )
+
+
+def least_trained_rows(config: Config) -> tuple[int, str]:
+    """The fewest env rows a learner rank trains on in one update, and how they are counted: the chunks of
+    the first ``shards.wait_fraction`` of its share of ``shards.count`` to arrive (the collector's rule;
+    elastic shards never go below ``shards.count``), ``env.num_envs`` rows each."""
+    shards, fraction = config.shards.count // config.learner.ranks, config.shards.wait_fraction
+    taken = min(shards, max(1, math.ceil(fraction * shards)))
+    if taken == shards:
+        return taken * config.env.num_envs, "shards.count / learner.ranks x env.num_envs"
+    return (
+        taken * config.env.num_envs,
+        f"the first {taken} of its {shards} shards to arrive, shards.wait_fraction {fraction:g}, x env.num_envs",
+    )
 
 
 def apply_override(data: dict, item: str) -> None:

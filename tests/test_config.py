@@ -162,3 +162,21 @@ def test_the_old_name_shards_first_arrived_is_read_as_shards_wait_fraction_with_
         load_config(both)
     with pytest.raises(ConfigError, match="shards.wait_fraction must be > 0, got 0"):
         load_config(None, ["shards.first_arrived=0"])  # checked under its new name
+
+
+def test_a_recurrent_model_is_checked_against_the_rows_that_arrive_with_wait_fraction_below_one():
+    """4 shards x 1 env, half of them awaited: a rank trains on 2 rows, which 4 minibatches of whole rows cannot split."""
+    lstm = ["shards.count=4", "env.num_envs=1", "shards.wait_fraction=0.5", "model.recurrent=lstm"]
+    with pytest.raises(ConfigError, match=r"a learner rank's 2 rows \(the first 2 of its 4 shards to arrive, "):
+        load_config(None, [*lstm, "algo.num_minibatches=4"])
+    assert load_config(None, [*lstm, "algo.num_minibatches=2"]).shards.wait_fraction == 0.5
+    sets = ["shards.count=4", "shards.wait_fraction=0.25", "env.num_envs=1", "algo.num_steps=32"]
+    with pytest.raises(ConfigError, match="batch of 32 transitions .the first 1 of its 4 shards to arrive"):
+        load_config(None, [*sets, "algo.num_minibatches=64"])
+
+
+def test_elastic_recurrent_rows_need_not_divide_into_minibatches_but_the_fewest_must_fill_them():
+    elastic = ["shards.count=3", "shards.max=6", "env.num_envs=1", "model.recurrent=lstm"]
+    assert load_config(None, [*elastic, "algo.num_minibatches=2"]).shards.max == 6  # 3 to 6 rows, split unevenly
+    with pytest.raises(ConfigError, match="can train on as few as 3 rows .* fewer than algo.num_minibatches .4."):
+        load_config(None, [*elastic, "algo.num_minibatches=4"])

@@ -364,3 +364,36 @@ def test_a_chunk_of_an_older_policy_is_clipped_around_the_learners_policy_and_we
         | {"obs": {g: o[:lagging] for g, o in batch["obs"].items()}}
     )
     assert metrics["approx_kl"] == 0 and metrics["clipfrac"] == 0
+
+
+class SeenRows:
+    """A loss that records the rows of each minibatch (a recurrent batch: one row per env row, ``sequences``)."""
+
+    def __init__(self):
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.minibatches: list[list[int]] = []
+
+    def __call__(self, minibatch):
+        self.minibatches.append(minibatch["row"].tolist())
+        loss = (self.weight * minibatch["row"].float()).mean()
+        return loss, {"pg_loss": loss.detach(), "approx_kl": torch.tensor(0.0)}
+
+    def run(self, rows: int, num_minibatches: int, update_epochs: int = 2) -> None:
+        config = PPOConfig(update_epochs=update_epochs, num_minibatches=num_minibatches)
+        step = GuardedStep(torch.optim.SGD([self.weight], lr=0.1), 1.0, 3, None)
+        batch = {"actions": torch.zeros(rows), "row": torch.arange(rows), "sequences": {"mask": torch.ones(rows, 4)}}
+        run_epochs(self, ("pg_loss",), step, batch, config, torch.Generator().manual_seed(0))
+
+
+def test_an_uneven_split_trains_every_row_in_each_epoch_in_minibatches_that_differ_by_one_row():
+    """Elastic shards make a rank's rows vary: 5 rows in 2 minibatches are 3 and 2, none left out."""
+    seen = SeenRows()
+    seen.run(rows=5, num_minibatches=2)
+    assert sorted(len(m) for m in seen.minibatches) == [2, 2, 3, 3]
+    for epoch in (seen.minibatches[:2], seen.minibatches[2:]):
+        assert sorted(epoch[0] + epoch[1]) == [0, 1, 2, 3, 4]
+
+
+def test_a_recurrent_batch_too_small_for_its_minibatches_is_named_in_rows():
+    with pytest.raises(ValueError, match=r"a batch of 2 rows \(a recurrent model's minibatch is whole rows\) cannot"):
+        SeenRows().run(rows=2, num_minibatches=4)

@@ -27,29 +27,23 @@ def run_epochs(
 ) -> dict[str, torch.Tensor]:
     """``config.update_epochs`` passes over ``batch``, each in exactly ``config.num_minibatches`` shuffled minibatches.
 
-    The remainder of an uneven split is left out of that epoch (a new shuffle each epoch). The
-    minibatch count never depends on the batch size, so learner ranks with different batch sizes
-    take the same number of (collective) steps; each rank's gradient weighs with its minibatch size.
+    Every sample is in one minibatch of each epoch: an uneven split makes minibatches that differ by one
+    sample (a recurrent batch's rows vary with elastic shards). The minibatch count never depends on
+    the batch size, so learner ranks with different batch sizes take the same number of (collective)
+    steps; each rank's gradient weighs with its minibatch size.
     ``loss_terms`` name the metrics whose non-finiteness the guard reports. ``config.target_kl``
     stops the epochs early by CleanRL's rule (``kl_exceeded``). Returns the metrics averaged over the
     applied steps (tensors).
     """
+    check_batch(batch, config)
     size = batch["actions"].shape[0]
-    if size == 0:
-        raise ValueError(
-            "every transition of this iteration's batch was masked (the env gave non-finite values on every row, "
-            "env.on_nonfinite: mask): there is nothing to train on; fix the env"
-        )
-    if size < config.num_minibatches:
-        raise ValueError(f"a batch of {size} transitions cannot be split into {config.num_minibatches} minibatches")
-    minibatch_size = size // config.num_minibatches
     target_kl = getattr(config, "target_kl", None)
     totals: dict[str, torch.Tensor] = {}
     applied = 0
     for _ in range(config.update_epochs):
         order = torch.randperm(size, generator=generator).to(batch["actions"].device)
-        for i in range(config.num_minibatches):
-            index = order[i * minibatch_size : (i + 1) * minibatch_size]
+        for index in torch.tensor_split(order, config.num_minibatches):
+            minibatch_size = index.numel()
             loss, metrics = loss_fn(select(batch, index))
             last_kl = metrics["approx_kl"].detach() if target_kl is not None else None
             grad_norm = step(loss, {k: metrics[k] for k in loss_terms}, minibatch_size)
@@ -62,6 +56,20 @@ def run_epochs(
         if target_kl is not None and kl_exceeded(last_kl, minibatch_size, target_kl, step.ranks):
             break
     return {name: value / max(applied, 1) for name, value in totals.items()}
+
+
+def check_batch(batch: Batch, config: OptimizerConfig) -> None:
+    """``ValueError`` when ``batch`` cannot be split into ``config.num_minibatches`` minibatches (a recurrent
+    batch counts rows, a minibatch being whole rows), or holds nothing to train on."""
+    size = batch["actions"].shape[0]
+    if size == 0:
+        raise ValueError(
+            "every transition of this iteration's batch was masked (the env gave non-finite values on every row, "
+            "env.on_nonfinite: mask): there is nothing to train on; fix the env"
+        )
+    if size < config.num_minibatches:
+        what = "rows (a recurrent model's minibatch is whole rows)" if "sequences" in batch else "transitions"
+        raise ValueError(f"a batch of {size} {what} cannot be split into {config.num_minibatches} minibatches")
 
 
 def kl_exceeded(approx_kl: torch.Tensor, samples: int, target_kl: float, ranks: Collectives | None) -> bool:
