@@ -149,6 +149,16 @@ def test_a_value_valid_only_beside_another_params_values_is_accepted_and_each_co
         check_sweep(sweep_of("learner.ranks=grid:1,3", "shards.count=grid:2,4"))
 
 
+def test_every_value_of_a_finite_parameter_is_checked_and_the_failing_ones_named_in_one_line():
+    """A randint's bounds (2 and 8) divide by 2 learner ranks; 3, 5 and 7 do not, and would fail as trials."""
+    says = "--param shards.count=randint:2:9: shards.count=3, 5, 7 makes invalid trials: learner.ranks must be >= 1"
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        check_sweep(sweep_of("shards.count=randint:2:9", sets=("learner.ranks=2", "shards.count=2")))
+    with pytest.raises(ConfigError, match=re.escape("shards.count=3 makes invalid trials, e.g. the trial with")):
+        check_sweep(sweep_of("shards.count=choice:2,3,4", "learner.ranks=choice:1,2"))  # (3, 2) can be drawn
+    check_sweep(sweep_of("shards.count=choice:2,4", "learner.ranks=randint:1:3"))  # every pair is valid
+
+
 def test_asha_lets_the_trial_with_the_most_reports_run_to_its_end():
     sweep = sweep_of("shards.count=grid:1,2", sets=("shards.count=2",), scheduler="asha")  # 1 shard: 2x the reports
     trials = extreme_trials(sweep.base, sweep.parsed, sweep.metric)

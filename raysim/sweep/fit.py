@@ -16,7 +16,7 @@ from typing import Any
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.coordinator.cluster import Need, needs, refuse_impossible, total
-from raysim.sweep.space import Param, config_with
+from raysim.sweep.space import Param, config_with, named
 from raysim.sweep.trial import trial_config
 
 TRIAL_CPUS = 0.1  # the trial's coordinator: it waits on its roles and writes the run directory
@@ -61,11 +61,6 @@ def resource_params(base: dict, params: list[Param], metric: str) -> list[Param]
             return True
 
     return [param for param in params if changes(param)]
-
-
-def named(values: dict[str, Any]) -> str:
-    """``key=value, ...`` of a trial's searched values."""
-    return ", ".join(f"{key}={value}" for key, value in values.items())
 
 
 def extreme_trials(base: dict, params: list[Param], metric: str) -> list[tuple[dict[str, Any], Config]]:

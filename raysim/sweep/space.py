@@ -4,8 +4,10 @@
     algo.clip_coef=uniform:0.1:0.3    algo.update_epochs=randint:2:8   (randint: high excluded)
 
 The same text is accepted as a YAML mapping (``algo.lr: loguniform:1e-4:1e-2``, or ``algo.lr:
-{loguniform: [1e-4, 1e-2]}``). Every key is checked with the values it can take (the bounds, every
-option) before a sweep starts, so a wrong key or a value outside its range is one line naming it.
+{loguniform: [1e-4, 1e-2]}``). Before a sweep starts, every trial the space can make is checked as a
+config (``check_params``): every value of a finite parameter (each integer of a randint, every option),
+the bounds of a continuous one, in every combination; a wrong key or a value that makes an invalid
+trial is one line naming the parameter and its failing values.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from raysim.config import Config, apply_override, check_config, from_dict
 BOUNDED = ("uniform", "loguniform", "randint")  # KIND:LOW:HIGH
 LISTED = ("choice", "grid")  # KIND:A,B,...
 KINDS = BOUNDED + LISTED
+MOST_VALUES = 256  # a randint of more integers is checked at its first and last MOST_VALUES // 2
+MOST_TRIALS = 1024  # more combinations: each value is checked beside the other parameters' extremes
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,21 @@ class Param:
         return tune.grid_search(list(self.values))
 
     def extremes(self) -> list[Any]:
-        """The values checked before a sweep starts: the bounds (randint: the largest it draws), every option."""
+        """The bounds (randint: the largest it draws), every option: what sizes the trials (``raysim.sweep.fit``)."""
         if self.kind == "randint":
             return [self.values[0], self.values[1] - 1]
         return list(self.values)
+
+    def checked(self) -> list[Any]:
+        """The values checked before a sweep starts: every value it can take where they are finite (a randint of
+        more than ``MOST_VALUES``: its first and last ``MOST_VALUES // 2``), the bounds of a continuous one."""
+        if self.kind != "randint":
+            return self.extremes()
+        low, high = self.values
+        if high - low <= MOST_VALUES:
+            return list(range(low, high))
+        half = MOST_VALUES // 2
+        return [*range(low, low + half), *range(high - half, high)]
 
 
 def parse_param(text: str) -> Param:
@@ -127,33 +142,69 @@ def config_with(base: dict, values: dict[str, Any], where: str = "sweep") -> Con
 
 
 def check_params(base: dict, params: list[Param]) -> None:
-    """Every parameter's key and each of its extreme values against the schema (the first problem raised).
+    """Every trial the parameters can make, as a config on ``base``: one line naming the parameter and its values
+    that make invalid trials (the first reason given).
 
-    A value that is invalid with the base config alone is accepted when some extremes of the other parameters
-    make it valid (``learner.ranks=grid:1,2`` beside ``shards.count=grid:2,4`` on a base of one shard).
+    The trials checked are every combination of the parameters' ``checked`` values when there are at most
+    ``MOST_TRIALS``; else each checked value beside the first combinations of the other parameters' ``extremes``
+    (about ``MOST_TRIALS`` trials in all). A value invalid with the base config alone is accepted when each trial
+    it is part of is valid (``learner.ranks=grid:1,2`` beside ``shards.count=grid:2,4`` on a base of one shard).
     """
     seen = set()
     for param in params:
         if param.key in seen:
             raise ConfigError(f"--param {param.key} is given twice")
         seen.add(param.key)
-        for value in param.extremes():
-            try:
-                config_with(base, {param.key: value}, where=f"--param {param.key}={param.spec}")
-            except ConfigError:
-                if not valid_with_others(base, params, param, value):
-                    raise
-
-
-def valid_with_others(base: dict, params: list[Param], param: Param, value: Any, most: int = 1024) -> bool:
-    """Whether ``param`` = ``value`` is a valid config beside some combination of the other parameters' extremes
-    (the first ``most`` combinations tried)."""
-    others = [p for p in params if p.key != param.key]
-    for combination in itertools.islice(itertools.product(*(p.extremes() for p in others)), most):
-        values = {param.key: value, **{p.key: v for p, v in zip(others, combination, strict=True)}}
+    failing = []
+    for values in trials_checked(params):
         try:
-            config_with(base, values)
-            return True
+            config_with(base, values, where=TRIAL)
+        except ConfigError as error:
+            failing.append((values, str(error).removeprefix(f"{TRIAL}: ")))
+    if failing:
+        raise ConfigError(refusal(base, params, failing))
+
+
+TRIAL = "trial"  # the ``where`` of a checked trial's config (taken off its errors)
+
+
+def trials_checked(params: list[Param]) -> list[dict[str, Any]]:
+    """The searched values of each trial ``check_params`` checks."""
+    keys = [p.key for p in params]
+    if math.prod(len(p.checked()) for p in params) <= MOST_TRIALS:
+        return [dict(zip(keys, c, strict=True)) for c in itertools.product(*(p.checked() for p in params))]
+    trials, each = [], max(1, MOST_TRIALS // sum(len(p.checked()) for p in params))
+    for i, param in enumerate(params):
+        others = [*params[:i], *params[i + 1 :]]
+        for value in param.checked():
+            for combination in itertools.islice(itertools.product(*(p.extremes() for p in others)), each):
+                trials.append({param.key: value, **{p.key: v for p, v in zip(others, combination, strict=True)}})
+    return trials
+
+
+def refusal(base: dict, params: list[Param], failing: list[tuple[dict[str, Any], str]]) -> str:
+    """The one line of ``check_params``: the parameter whose values tell the failing trials apart (else the first
+    that fails on the base config alone, else the first), those values, a failing trial and its reason."""
+    bad = {p.key: [v for v in p.checked() if any(values[p.key] == v for values, _ in failing)] for p in params}
+    telling = [p for p in params if len(bad[p.key]) < len(p.checked())]
+    param = next(iter(telling), None) or next((p for p in params if fails_alone(base, p)), params[0])
+    values, reason = next((v, r) for v, r in failing if v[param.key] in bad[param.key])
+    shown = bad[param.key] if param in telling else []
+    which = f"{param.key}={', '.join(map(str, shown))}" if shown else "every value"
+    trial = f", e.g. the trial with {named(values)}" if len(params) > 1 else ""
+    return f"--param {param.key}={param.spec}: {which} makes invalid trials{trial}: {reason}"
+
+
+def fails_alone(base: dict, param: Param) -> bool:
+    """Whether some checked value of ``param`` is an invalid config on ``base`` alone."""
+    for value in param.checked():
+        try:
+            config_with(base, {param.key: value})
         except ConfigError:
-            continue
+            return True
     return False
+
+
+def named(values: dict[str, Any]) -> str:
+    """``key=value, ...`` of a trial's searched values."""
+    return ", ".join(f"{key}={value}" for key, value in values.items())
