@@ -81,6 +81,10 @@ class InputLost(RuntimeError):
     """A role could not read an input of its call: the object's owner (e.g. the learner with its weights) died."""
 
 
+class RoleDied(RuntimeError):
+    """A role's process died before it started (its node went), and nothing was to replace it."""
+
+
 class ValuesLost(RuntimeError):
     """Values handed to a role by reference could not be read: lost with their node (``positions``: which)."""
 
@@ -124,9 +128,17 @@ def cause(error: BaseException) -> BaseException:
 
 
 def describe(error: BaseException) -> str:
-    """``Type: message`` of the error a role raised, its first lines only, no traceback."""
+    """``Type: message`` of the error a role raised, no traceback; a role's death in a line (what died, on which
+    node, why: not Ray's whole account of the actor)."""
     error = cause(error)
     text = str(error).strip()
+    if type(error).__module__.startswith("ray.") and "\n" in text:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line and " " not in line.split(": ", 1)[0])
+        where = ", ".join(f"{k} {fields[k]}" for k in ("class_name", "ip") if k in fields)
+        why = next((line for line in lines[1:] if line.split(": ", 1)[0] not in fields), "")
+        why = why.split(". ")[0].rstrip(".") + "." if why else ""  # its first sentence
+        text = " ".join(part for part in (lines[0], f"({where})" if where else "", why[:200]) if part)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
@@ -181,9 +193,25 @@ class Backend:
         """True when ``error`` says the role's process died (the role can be replaced)."""
         return False
 
-    def wait_started(self, handles: list[Handle], probe: Callable[[Any], Any], what: str, timeout: float) -> list[Any]:
+    def is_lost(self, error: BaseException) -> bool:
+        """True when ``error`` says a role's result was lost: with its node, or its role died before making it."""
+        return self.is_actor_failure(error)
+
+    def wait_started(
+        self,
+        handles: list[Handle],
+        probe: Callable[[Any], Any],
+        what: str,
+        timeout: float,
+        replace: Callable[[int], Handle] | None = None,
+    ) -> list[Any]:
         """The answers of every role to ``probe``, once all started; a line every few seconds while some are
-        still waiting for room on the cluster (``TimeoutError`` after ``timeout`` seconds)."""
+        still waiting for room on the cluster (``TimeoutError`` after ``timeout`` seconds).
+
+        A role whose process dies before it answers (its node went) is ``replace(i)``-d in ``handles[i]``, with a
+        line, as often as it happens within ``timeout``; without ``replace`` it is ``RoleDied``. A role whose
+        constructor raised is that error (a replacement would fail the same way).
+        """
         return self.get([h.call(probe) for h in handles])
 
     def room_for(self, request: dict[str, float]) -> int:
@@ -281,20 +309,56 @@ class RayBackend(Backend):
     def kill(self, handle: Handle) -> None:
         self.ray.kill(handle.actor)
 
-    def wait_started(self, handles: list[Handle], probe: Callable[[Any], Any], what: str, timeout: float) -> list[Any]:
+    def wait_started(
+        self,
+        handles: list[Handle],
+        probe: Callable[[Any], Any],
+        what: str,
+        timeout: float,
+        replace: Callable[[int], Handle] | None = None,
+    ) -> list[Any]:
         futures = [h.call(probe) for h in handles]
         deadline = time.monotonic() + timeout
+        died = 0  # roles that died before they started, replaced
         while True:
             left = max(0.0, min(5.0, deadline - time.monotonic()))
-            pending = len(futures) - len(self._ready(futures, len(futures), left))
+            ready = self._ready(futures, len(futures), left)
+            deaths = self._deaths(futures, ready)
+            for i, error in deaths:
+                which = what if len(futures) == 1 else f"{what} [{i}]"
+                if replace is None:
+                    raise RoleDied(f"{which} died before it started: {describe(error)}") from error
+                died += 1
+                print(f"raysim: fault: {which} died before it started ({describe(error)}); another starts", flush=True)
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # a dying node: Ray may place it there
+                handles[i] = replace(i)
+                futures[i] = handles[i].call(probe)
+            pending = len(futures) - len(ready) + len(deaths)
             if not pending:
                 return self.get(futures)
             if time.monotonic() >= deadline:
+                lost = f"; {died} died before they started" if died else ""
                 raise TimeoutError(
                     f"{pending} of {len(futures)} {what} did not start in {timeout:g} s "
-                    f"(resources_timeout): the cluster has no room for them ({self._free()})"
+                    f"(resources_timeout): the cluster has no room for them ({self._free()}{lost})"
                 )
-            print(f"raysim: waiting for {pending} of {len(futures)} {what} to start ({self._free()})", flush=True)
+            if not deaths:
+                print(f"raysim: waiting for {pending} of {len(futures)} {what} to start ({self._free()})", flush=True)
+
+    def _deaths(self, futures: list[Any], ready: list[Any]) -> list[tuple[int, BaseException]]:
+        """The positions of the ``ready`` probes whose role died before it answered, with the error (a role whose
+        constructor raised: that error is raised here)."""
+        deaths = []
+        for i, future in enumerate(futures):
+            if future not in ready:
+                continue
+            try:
+                self.ray.get(future, timeout=0)
+            except self.ray.exceptions.RayActorError as error:
+                if getattr(error, "actor_init_failed", False):
+                    raise
+                deaths.append((i, error))
+        return deaths
 
     def _free(self) -> str:
         """What the cluster (or the trial's placement group) has free now, in words."""
@@ -314,6 +378,9 @@ class RayBackend(Backend):
 
     def is_actor_failure(self, error: BaseException) -> bool:
         return isinstance(error, self.ray.exceptions.RayActorError)
+
+    def is_lost(self, error: BaseException) -> bool:
+        return isinstance(error, (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError))
 
     def room_for(self, request: dict[str, float]) -> int:
         free = self.ray.available_resources()

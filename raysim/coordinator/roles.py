@@ -72,11 +72,13 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
 
 def start_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:
     """``create_shard``, returned once the shard started: a replacement waits for room with a line every few
-    seconds, and gives up after ``resources_timeout`` (``TimeoutError``)."""
-    shard = create_shard(backend, config, index, evaluation, generation)
+    seconds, and gives up after ``resources_timeout`` (``TimeoutError``); one that dies before it starts (placed
+    on a node that was going) is replaced within that time too."""
+    shards = [create_shard(backend, config, index, evaluation, generation)]
     what = f"replacement for {'evaluation ' if evaluation else ''}shard {index}"
-    backend.wait_started([shard], EnvShard.spaces, what, config.resources_timeout)
-    return shard
+    again = lambda _: create_shard(backend, config, index, evaluation, generation)  # noqa: E731 - it never played
+    backend.wait_started(shards, EnvShard.spaces, what, config.resources_timeout, replace=again)
+    return shards[0]
 
 
 def create_learner(backend: Backend, config: Config, spaces: tuple, horizon: int) -> LearnerGroup:
@@ -107,9 +109,9 @@ def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) 
     all starting at once (``spaces``: the env's observation spaces and action space, from the preflight).
 
     Returns once the training shards and the learner ranks answer (``ResourceError`` after
-    ``resources_timeout``). The evaluation shards are created then, not needed before the first
-    evaluation: they start while the first iterations run instead of delaying them (the preflight
-    checked that the cluster has room for every role).
+    ``resources_timeout``); a role that dies before it starts (its node went) is replaced meanwhile. The
+    evaluation shards are created then, not needed before the first evaluation: they start while the first
+    iterations run instead of delaying them (the preflight checked that the cluster has room for every role).
     """
     shards = [create_shard(backend, config, i) for i in range(config.shards.count)]
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
@@ -117,7 +119,8 @@ def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) 
     learner = None
     try:
         learner = create_learner(backend, config, spaces, horizon)
-        started = backend.wait_started(shards, EnvShard.spaces, "shards", config.resources_timeout)
+        again = lambda i: create_shard(backend, config, i)  # noqa: E731
+        started = backend.wait_started(shards, EnvShard.spaces, "shards", config.resources_timeout, replace=again)
     except TimeoutError as error:
         for handle in [*shards, *(learner.handles if learner else [])]:  # none is left waiting for room
             backend.kill(handle)

@@ -76,7 +76,7 @@ class Trainer:
         reporter: Reporter | None = None,
     ):
         check_config(config)
-        self.spaces = check_env_and_model(config)
+        self.spaces = check_env_and_model(config, new_run=resume is None)
         if config.eval.video:
             require_video()
             check_renders(config)

@@ -25,19 +25,18 @@ class LearnerGroup:
         self, backend: Backend, ranks: int, options: dict | None = None, start_timeout: float = math.inf, **learner: Any
     ):
         """``ranks`` ``Learner`` actors (Ray actor ``options``), started (a line every few seconds while the
-        cluster has no room for them; ``TimeoutError`` after ``start_timeout`` seconds); ``learner``:
-        ``Learner``'s keyword arguments."""
+        cluster has no room for them; ``TimeoutError`` after ``start_timeout`` seconds; a rank that dies before
+        it starts is replaced meanwhile); ``learner``: ``Learner``'s keyword arguments."""
         if ranks < 1:
             raise ValueError(f"learner.ranks must be >= 1, got {ranks}")
         if ranks > 1 and backend.name == "local":
             raise ValueError("learner.ranks > 1 needs the Ray backend (each rank is its own process)")
         self.backend = backend
         self.snapshots: list[Any] = []  # the last update's snapshot of every rank (futures / object refs)
-        self.handles = [
-            backend.create(Learner, rank=r, world_size=ranks, options=options, **learner) for r in range(ranks)
-        ]
+        rank = lambda r: backend.create(Learner, rank=r, world_size=ranks, options=options, **learner)  # noqa: E731
+        self.handles = [rank(r) for r in range(ranks)]
         try:
-            backend.wait_started(self.handles, Learner.policy_version, "learner ranks", start_timeout)
+            backend.wait_started(self.handles, Learner.policy_version, "learner ranks", start_timeout, replace=rank)
         except TimeoutError:  # none of them is left waiting for room
             for handle in self.handles:
                 backend.kill(handle)

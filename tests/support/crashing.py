@@ -46,3 +46,21 @@ class NaNRewards(CartPole):
             reward = reward.clone()
             reward[(self.steps // self.every) % self.num_envs] = float("nan")
         return reward, terminated
+
+
+class DiesAtStart(CartPole):
+    """A CartPole whose process exits while it is built, once (``marker`` is created by the one that dies) and only
+    outside the process ``driver_pid`` (the test's, which builds it to check it): a role that dies before it
+    starts, as one placed on a node that is going."""
+
+    env_id = "tests.support.crashing:DiesAtStart"
+
+    def __init__(self, num_envs: int, seed: int | None = None, marker: str = "", driver_pid: int = 0, **kwargs):
+        if marker and os.getpid() != driver_pid:
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os._exit(1)
+        super().__init__(num_envs, seed, **kwargs)
