@@ -126,14 +126,18 @@ def restore(
 
 def load_roles(backend: Backend, roles: Roles, state: dict[str, Any]) -> str:
     """Every learner rank and every shard from a checkpoint's state; how the shards continue (another shard
-    count: every shard starts fresh episodes, keyed by the policy version the run continues from)."""
+    count: every shard starts fresh episodes, keyed by the policy version the run continues from; so does a
+    shard whose state was lost with its node before the save: ``Ready.fetch``)."""
     roles.learner.load_state(state)
-    saved = state.get("shards") or []
+    saved, key = state.get("shards") or [], int(state["version"])
     if saved and len(saved) == len(roles.shards):
-        calls = [s.call(EnvShard.set_state, state) for s, state in zip(roles.shards, saved, strict=True)]
-        modes = backend.get(calls)
+        calls = [
+            s.call(EnvShard.set_state, part) if part is not None else s.call(EnvShard.start_fresh, key)
+            for s, part in zip(roles.shards, saved, strict=True)
+        ]
+        modes = [m or "fresh episodes (its state was lost with its node)" for m in backend.get(calls)]
         return "exactly" if all(m == "exact" for m in modes) else "; ".join(sorted(set(modes)))
-    backend.get([s.call(EnvShard.start_fresh, int(state["version"])) for s in roles.shards])
+    backend.get([s.call(EnvShard.start_fresh, key) for s in roles.shards])
     return f"with fresh episodes ({len(saved or [])} shards saved, {len(roles.shards)} now)"
 
 

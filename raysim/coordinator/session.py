@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysim.actors import Backend
+from raysim.actors import Backend, cause
 from raysim.checkpoint import Checkpoint, Checkpoints
 from raysim.config import Config
 from raysim.coordinator.collector import Collector
@@ -42,12 +42,39 @@ class Ready:
     saved: Checkpoint | None = None  # its checkpoint, once written
 
     def fetch(self, backend: Backend) -> dict[str, Any]:
-        """The checkpoint state of this iteration: every learner rank's part and every shard's state."""
+        """The checkpoint state of this iteration: every learner rank's part and every shard's state.
+
+        A shard's state lost with its node (as a chunk can be) is None, said in a line: the checkpoint goes on
+        without it, and that shard continues from it with fresh episodes (``recovery.load_roles``).
+        """
         if self.loaded is not None:
             return self.loaded
         state = combined(backend.get(self.learner)) if self.learner else {}
-        state["shards"] = backend.get(self.shards)
+        state["shards"] = shard_states(backend, self.shards, self.state.iteration)
         return state
+
+
+def shard_states(backend: Backend, futures: list[Any], iteration: int) -> list[Any]:
+    """The shards' states (``futures``) of ``iteration``; one lost with its node (or with its shard) is None."""
+    try:
+        return backend.get(futures)
+    except Exception as error:
+        if not backend.is_lost(error):
+            raise
+    states = []
+    for i, future in enumerate(futures):
+        try:
+            states.append(backend.get(future))
+        except Exception as error:
+            if not backend.is_lost(error):
+                raise
+            print(
+                f"raysim: fault: shard {i}'s state of iteration {iteration} was lost with its node "
+                f"({type(cause(error)).__name__}): saved without it; it continues from there with fresh episodes",
+                flush=True,
+            )
+            states.append(None)
+    return states
 
 
 @dataclass
