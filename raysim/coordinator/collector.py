@@ -101,7 +101,8 @@ class Collector:
         self.backend, self.config, self.roles, self.plan, self.ranks = backend, config, roles, plan, ranks
         self.lag = config.algo.max_policy_lag
         self.wait_fraction = config.shards.wait_fraction
-        self.faults = 0  # shards replaced after their process died
+        self.faults = 0  # shards replaced after their process died, in this process (``shards.max_restarts``)
+        self.generation = 0  # shards replaced over the run (the run state's ``replacements``, then this process's)
         self.next_index = config.shards.count  # elastic: the index (and seed) of the next new shard
         self.version = 0  # the learner's version at the batch being formed
         self.lanes = [Lane(deque()) for _ in roles.shards]  # lanes[i]: roles.shards[i]'s
@@ -297,7 +298,8 @@ class Collector:
             f"replaced it, collecting its part of the iteration again",
             flush=True,
         )
-        self.roles.replace_shard(i, start_shard(self.backend, config, i, generation=self.faults))
+        self.generation += 1
+        self.roles.replace_shard(i, start_shard(self.backend, config, i, generation=self.generation))
         lane.state = self.roles.shards[i].call(EnvShard.get_state)  # before its first chunk
         kept = [launch for launch in lane.queue if self._within_bound(launch)]
         lane.queue = deque(self._launch(i, launch.weights, launch.version) for launch in kept)

@@ -179,6 +179,7 @@ class Trainer:
                 write_snapshot(self.storage, cfg)  # a new run: its configs frozen, the task's resources exported
                 ready = Ready(RunState())
             collector.reset()
+            collector.generation = ready.state.replacements  # a replacement plays episodes none before it played
             sinks = self._sinks(ready.state)
             weights = roles.learner.get_weights()
         except BaseException:
@@ -285,7 +286,8 @@ class Trainer:
         faults.on_phase("update", iteration, s)
         clock.iterations += 1
         seconds = s.first.seconds + clock.training_seconds()  # the run's, continued across processes
-        state = before.advanced(int(result["env_steps"]), int(result["policy_version"]), seconds)
+        counters = (int(result["env_steps"]), int(result["policy_version"]), seconds, s.collector.generation)
+        state = before.advanced(*counters)
         report = None
         due = eval_due(cfg, state.iteration, before.env_steps, state.env_steps)
         if due and not self.schedule.budget_reached(state):
