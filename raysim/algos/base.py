@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from raysim.algos.collectives import Collectives
-from raysim.algos.epochs import Batch, run_epochs
+from raysim.algos.epochs import Batch, check_batch, run_epochs
 from raysim.algos.guard import GuardedStep
 from raysim.models import ActorCritic
 from raysim.rollout import Collection, RolloutChunk
@@ -66,8 +66,20 @@ class Algorithm:
     def update(
         self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator
     ) -> dict[str, torch.Tensor]:
-        """One update on the chunks: ``run_epochs`` of the loss over the batch; the metrics."""
-        return run_epochs(self.loss, self.loss_terms, step, self.batch(chunks), self.config, generator)
+        """One update on the chunks: ``run_epochs`` of the loss over the batch; the metrics.
+
+        The batch is this rank's alone (its chunks): building it can fail on one rank only (too few samples to
+        split, every one masked), so the ranks agree on it before the epochs' first collective and all raise the
+        error (``Collectives.agree``), none left waiting in a collective until it times out.
+        """
+        batch, error = None, None
+        try:
+            batch = self.batch(chunks)
+            check_batch(batch, self.config)
+        except Exception as caught:  # noqa: BLE001 - agreed on, then raised by every rank
+            error = caught
+        self.ranks.agree("building the update's batch", error)
+        return run_epochs(self.loss, self.loss_terms, step, batch, self.config, generator)
 
     def state_dict(self) -> dict[str, Any]:
         """What the algorithm adds to a checkpoint (beside the model and optimizer)."""

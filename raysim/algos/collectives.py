@@ -22,3 +22,8 @@ class Collectives(Protocol):
     def all_reduce(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` over the ranks, in place."""
         ...
+
+    def agree(self, what: str, error: BaseException | None) -> None:
+        """Every rank's outcome of a step that can fail on one rank only (``error``: this rank's, or None), before
+        the next collective: if any failed, every rank raises the same error naming them (none waits alone)."""
+        ...

@@ -2,9 +2,9 @@
 
 ``ThreadedRanks(R).run(fn)`` runs ``fn(rank)`` for every rank in its own thread and returns the results
 in rank order; inside, ``ranks.view(rank)`` is a ``raysim.algos.collectives.Collectives`` of that rank,
-and with ``patch(monkeypatch)`` the ``torch.distributed`` calls of ``raysim.learner.ranks`` go to the
-calling thread's rank. A rank that waits in a collective the others never enter fails after
-``timeout`` seconds (``threading.BrokenBarrierError``) instead of hanging.
+and with ``patch(monkeypatch)`` the ``torch.distributed`` calls of ``raysim.learner.ranks`` (``all_reduce``,
+``all_gather``, ``all_gather_object``) go to the calling thread's rank. A rank that waits in a collective the
+others never enter fails after ``timeout`` seconds (``threading.BrokenBarrierError``) instead of hanging.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ class ThreadedRanks:
         for part, value in zip(parts, self._exchange(rank, tensor), strict=True):
             part.copy_(value)
 
+    def all_gather_object(self, rank: int, parts: list[Any], value: Any) -> None:
+        self.posted[rank] = value
+        self.barrier.wait()
+        parts[:] = [self.posted[r] for r in range(self.world_size)]
+        self.barrier.wait()
+
     def view(self, rank: int) -> Any:
         """Rank ``rank``'s collectives (what ``GuardedStep`` and ``run_epochs`` call)."""
         group = self
@@ -59,6 +65,10 @@ class ThreadedRanks:
         monkeypatch.setattr("raysim.learner.ranks.dist.all_reduce", lambda t: self.all_reduce(self.local.rank, t))
         monkeypatch.setattr(
             "raysim.learner.ranks.dist.all_gather", lambda parts, t: self.all_gather(self.local.rank, parts, t)
+        )
+        monkeypatch.setattr(
+            "raysim.learner.ranks.dist.all_gather_object",
+            lambda parts, value: self.all_gather_object(self.local.rank, parts, value),
         )
 
     def run(self, fn: Callable[[int], Any]) -> list[Any]:
