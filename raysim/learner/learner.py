@@ -197,7 +197,7 @@ class Learner:
         metrics = self.algorithm.update(chunks_here, self.step, self.generator)
         self.update_normalizers(chunks_here)  # after: the update reads the statistics the actors acted with
         self.version += 1
-        self.window.add(metrics, episode_sums(chunks))
+        self.window.add(metrics, episode_sums(chunks), weight=sum(c.env_steps for c in trained))
         result = {
             "env_steps": sum(int(c.env_steps) for c in chunks),
             "stale_steps": sum(int(c.env_steps) for c in chunks[len(trained) :]),

@@ -19,7 +19,8 @@ from raysim.rollout import RolloutChunk
 
 @dataclass
 class MetricNames:
-    """The layout of a stacked metric vector: means first, then sums, then min and max return."""
+    """The layout of a stacked metric vector: the means' weighted totals and their weights, then sums, then min
+    and max return."""
 
     means: list[str]
     sums: list[str]
@@ -29,23 +30,26 @@ class MetricWindow:
     """The update metrics and episode sums of the iterations since the last log step (tensors).
 
     Adding an iteration's metrics only queues device additions: nothing is copied to the host
-    until ``Learner.metrics`` reduces the window.
+    until ``Learner.metrics`` reduces the window. Each update's metrics weigh with its transitions
+    (``totals``: weighted sums, ``counts``: the weights), so a mean over updates and ranks of unequal
+    batches (GRPO's rounds, elastic shards) is the mean over their transitions.
     """
 
     SUMS = ("episodes", "return_sum", "length_sum", "success_sum")
 
     def __init__(self):
         self.totals: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, int] = {}
+        self.counts: dict[str, float] = {}
         self.sums: dict[str, torch.Tensor] = {}
         self.low = torch.tensor(math.inf)
         self.high = torch.tensor(-math.inf)
 
-    def add(self, metrics: dict[str, torch.Tensor], sums: dict[str, torch.Tensor]) -> None:
+    def add(self, metrics: dict[str, torch.Tensor], sums: dict[str, torch.Tensor], weight: float = 1.0) -> None:
+        """An update's ``metrics`` (means over its ``weight`` transitions) and its chunks' episode ``sums``."""
         for name, value in metrics.items():
-            value = value.detach().float()
+            value = value.detach().float() * weight
             self.totals[name] = self.totals[name] + value if name in self.totals else value
-            self.counts[name] = self.counts.get(name, 0) + 1
+            self.counts[name] = self.counts.get(name, 0) + weight
         extremes = sums.pop("extremes")
         for name, value in sums.items():
             self.sums[name] = self.sums[name] + value if name in self.sums else value
@@ -69,22 +73,25 @@ class MetricWindow:
         return window
 
     def vector(self, device: torch.device) -> tuple[MetricNames, torch.Tensor]:
-        """``[means..., sums..., min return, max return]`` stacked on ``device``."""
+        """``[weighted totals..., their weights..., sums..., min return, max return]`` stacked on ``device``."""
         means = sorted(self.totals)
         zero = torch.tensor(0.0)
-        parts = [(self.totals[n] / self.counts[n]).to(device) for n in means]
+        parts = [self.totals[n].to(device) for n in means]
+        parts += [torch.tensor(float(self.counts[n])).to(device) for n in means]
         parts += [self.sums.get(n, zero).to(device) for n in self.SUMS]
         parts += [self.low.to(device), self.high.to(device)]
         return MetricNames(means, list(self.SUMS)), torch.stack([p.reshape(()) for p in parts])
 
 
 def reduce_gathered(names: MetricNames, gathered: torch.Tensor) -> torch.Tensor:
-    """Every rank's stacked vector [R, M] reduced: means of the means, sums of the sums, min and max."""
+    """Every rank's stacked vector [R, M] reduced: ``[means..., sums..., min, max]``, each mean over every rank's
+    transitions (a rank of a larger batch weighs more), sums of the sums, min and max."""
     means, sums = len(names.means), len(names.sums)
+    totals, weights = gathered[:, :means].sum(0), gathered[:, means : 2 * means].sum(0)
     return torch.cat(
         [
-            gathered[:, :means].mean(0),
-            gathered[:, means : means + sums].sum(0),
+            totals / weights,
+            gathered[:, 2 * means : 2 * means + sums].sum(0),
             gathered[:, -2:-1].amin(0),
             gathered[:, -1:].amax(0),
         ]
