@@ -309,3 +309,22 @@ def test_a_cnn_setting_where_the_networks_read_none_of_the_envs_images_is_refuse
     with pytest.raises(ConfigError, match=r"model.cnn: small can have no effect: the networks read none of its image"):
         check_env_and_model(load_config(None, [*vectors, "model.cnn=small"]))
     assert check_env_and_model(load_config(None, [*vectors[:1], "model.actor_inputs=[camera, joints]"]))
+
+
+def test_a_run_trained_with_a_cnn_setting_that_had_no_effect_still_resumes_and_evaluates_with_a_note(
+    tmp_path, capsys, monkeypatch
+):
+    """Runs saved before the setting was refused keep working: their resume and evaluation only say it."""
+    run_dir = tmp_path / "run"
+    tiny = ["backend=local", "env.num_envs=4", "algo.num_steps=16", "train.total_steps=64", "eval.episodes=2"]
+    with monkeypatch.context() as before:  # as raysim trained it before the check
+        before.setattr("raysim.coordinator.preflight.check_image_settings", lambda *args: None)
+        assert (
+            main(["train", *[a for s in [*tiny, "model.cnn=nature"] for a in ("--set", s)], "--run-dir", str(run_dir)])
+            == 0
+        )
+    capsys.readouterr()
+    assert main(["resume", str(run_dir), "--set", "train.total_steps=128"]) == 0
+    assert main(["eval", str(run_dir), "--local", "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("raysim: note: model.cnn: nature can have no effect") == 2

@@ -66,7 +66,7 @@ def evaluate_config(
 ) -> EvalReport:
     """Evaluate the actor of a checkpoint's ``state`` as ``config.eval`` says, on new evaluation shards."""
     weights = {"version": int(meta.get("iteration", 0)), "actor": actor_state(state["model"])}
-    check_env_and_model(config)  # an env that cannot be built here (its package missing) is said before Ray starts
+    check_env_and_model(config, new_run=False)  # an env that cannot be built here is said before Ray starts
     if film is not None:
         check_renders(config)
     runner, started = start_backend(config, address)

@@ -24,9 +24,10 @@ from raysim.storage import is_uri, unwritable
 IMAGE_SETTINGS = ("cnn", "cnn_features", "shared_encoders")
 
 
-def check_env_and_model(config: Config) -> tuple[Any, Any]:
+def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]:
     """Build one row of the env and the model of ``config``; a ``ConfigError`` naming the key when it fails.
-    Returns the env's observation spaces and action space (the learner is built from them)."""
+    Returns the env's observation spaces and action space (the learner is built from them). A setting that
+    can have no effect refuses a ``new_run``; a run trained with it (a resume, an evaluation) only hears of it."""
     env_id = config.env.id
     try:
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
@@ -56,7 +57,12 @@ def check_env_and_model(config: Config) -> tuple[Any, Any]:
         raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
     finally:
         env.close()
-    check_image_settings(config, model, env.observation_spaces)
+    try:
+        check_image_settings(config, model, env.observation_spaces)
+    except ConfigError as error:
+        if new_run:
+            raise
+        print(f"raysim: note: {error}", flush=True)
     return env.observation_spaces, env.action_space
 
 
