@@ -4,23 +4,31 @@ breaking it is atomic.
 On the same host a holder is gone when its pid no longer runs the process that took the lock (a pid is
 reused after a restart) or its lease expired; elsewhere when its lease expired, by the storage's clock (on
 S3 the server's ``LastModified``). Of processes racing to break one stale lock exactly one wins; a holder
-whose lock was taken over stops at its next renewal, saying so. S3 runs on moto's server on localhost.
+whose lock was taken over (or taken over and given back) stops at its next renewal, saying so, and every
+change it would make to the run before that is refused (the fence). S3 runs on moto's server on localhost.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import multiprocessing
 import os
+import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from raysim.storage import LocalStorage, RunLock, RunLockedError, open_storage
+from raysim.checkpoint import Checkpoints
+from raysim.records import append_metrics, metric_parts, read_table
+from raysim.storage import LeaseLostError, LocalStorage, RunLock, RunLockedError, Staging, open_storage
 from raysim.sweep.trial import start_over
 from tests.support.lock_race import race
 from tests.support.moto_s3 import moto_server
@@ -264,3 +272,169 @@ def test_on_s3_locking_without_boto3_says_which_extra_to_install(s3, monkeypatch
     monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
     with pytest.raises(RunLockedError, match=r'pip install "raysim\[s3\]"'):
         RunLock(open_storage("s3://raysim-lock/runs/no-boto3"))
+
+
+# -- the fence: a holder that lost its lock writes nothing more -------------------------------------------------
+
+
+class Holder(RunLock):
+    """A run lock whose loss is recorded where a process would stop (``os._exit``): threads of one test can hold it."""
+
+    lost = False
+
+    def _lost(self, observed) -> None:
+        self.lost = True
+
+
+@pytest.fixture(params=["local", "s3"])
+def location(request, tmp_path) -> str:
+    """A run directory on the local filesystem, or on moto's S3 server."""
+    if request.param == "local":
+        return str(tmp_path / "run")
+    request.getfixturevalue("s3")
+    return f"s3://raysim-lock/runs/{request.node.name.replace('[', '-').rstrip(']')}-{time.time_ns()}"
+
+
+def test_a_holder_whose_lock_was_taken_over_and_given_back_sees_it_lost_and_never_brings_it_back(location):
+    storage = open_storage(location)
+    holder = Holder(storage, lease=60.0)  # renewed by hand below
+    holder.acquire()
+    other = RunLock(open_storage(location))
+    assert "forced" in other.acquire(force=True)  # a sweep's start_over, a discarded run, --break-lock that failed early
+    other.release()
+    holder._renew_once()
+    assert holder.lost and not storage.exists("lock.json")  # not written again with the old holder's token
+    with pytest.raises(LeaseLostError):
+        storage.write("progress", b"1")
+    assert not storage.exists("progress")
+    holder.release()
+    assert not storage.exists("lock.json")
+
+
+def test_a_renewal_in_flight_ends_before_release_deletes_the_lock(tmp_path):
+    storage = LocalStorage(tmp_path)
+    holder = Holder(storage, lease=60.0)
+    holder.acquire()
+    entered, go_on, replace = threading.Event(), threading.Event(), holder.file.replace
+
+    def slow_replace(data, version):
+        entered.set()
+        go_on.wait(10)
+        return replace(data, version)
+
+    holder.file.replace = slow_replace
+    renewal = threading.Thread(target=holder._renew_once)
+    renewal.start()
+    entered.wait(10)
+    release = threading.Thread(target=holder.release)
+    release.start()
+    release.join(0.3)  # it waits for the renewal in flight (an older release deleted the lock now)
+    go_on.set()
+    renewal.join(10)
+    release.join(10)
+    assert not storage.exists("lock.json") and not holder.lost
+
+
+def test_a_holder_taken_over_saves_no_checkpoint_flushes_no_record_and_prunes_nothing(location):
+    """Item 12's probe in one process: A trains; B resumes with --break-lock and saves iteration 21; A's next
+    save, metrics flush and pruning are refused before A's renewal comes, and B's checkpoint stays."""
+    state = {"weights": torch.zeros(2)}
+    mine = open_storage(location)
+    holder = Holder(mine, lease=60.0)
+    holder.acquire()
+    Checkpoints(mine).save(20, state, {})
+    append_metrics(mine, [{"iteration": 20.0}])
+    theirs = open_storage(location)
+    other = RunLock(theirs)
+    other.acquire(force=True)
+    try:
+        Checkpoints(theirs).save(21, state, {})
+        with pytest.raises(LeaseLostError):
+            Checkpoints(mine).save(22, state, {})
+        assert holder.lost
+        with pytest.raises(LeaseLostError):
+            append_metrics(mine, [{"iteration": 22.0}])
+        with pytest.raises(LeaseLostError):
+            Checkpoints(mine).prune(keep_last=1)
+        assert [c.name for c in Checkpoints(theirs).list()] == ["20", "21"]
+        assert len(metric_parts(theirs)) == 1 and theirs.list("checkpoints") == ["20", "21"]
+        assert json.loads(theirs.read("lock.json"))["token"] == other.token
+    finally:
+        other.release()
+        holder.release()
+
+
+def race_for_the_run(location: str, seconds: float, lease: float, workers: int = 3) -> list[str]:
+    """``workers`` threads, each in a loop: take the run's lock (forced at random), clear it at random, save
+    checkpoints and flush metrics rows tagged with its tenure, then give the lock back or keep it renewing and
+    start again. At the end of each tenure that still holds the run, every checkpoint or metrics part added or
+    changed since it took the run over must be its own: returns what was written by a process that did not
+    hold the run. On a local filesystem the check and the write are one step (a take-over waits for the write);
+    on S3 they are two requests, so a write checked just before a take-over can land just after it: there a
+    tenure looks at the run 0.25 s after taking it over."""
+    tenures, violations, held, deadline = itertools.count(1), [], [], time.monotonic() + seconds
+
+    def files(storage) -> dict[str, str]:
+        """Every checkpoint file and metrics part: ``{rel: digest}`` (staged and temporary files left out)."""
+        found = {}
+        for name in storage.list("checkpoints"):
+            for file in storage.list(f"checkpoints/{name}") if not name.startswith(Staging.PREFIX) else []:
+                found[f"checkpoints/{name}/{file}"] = ""
+        for _, rel in metric_parts(storage):
+            found[rel] = hashlib.sha256(storage.read(rel)).hexdigest()
+        return found
+
+    def writers(storage, rel: str) -> set[int]:
+        if rel.startswith("checkpoints/"):
+            return {int(rel.split("/")[1].split(".")[0]) // 1000}
+        return {int(w) for w in read_table(storage, rel).column("writer").to_pylist()}
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < deadline:
+            storage = open_storage(location)
+            lock = Holder(storage, lease=lease)
+            try:
+                lock.acquire(force=rng.random() < 0.6)
+            except RunLockedError:
+                time.sleep(rng.uniform(0, lease / 4))
+                continue
+            me = next(tenures)
+            if not storage.is_local:
+                time.sleep(0.25)  # writes of the previous holder checked before the take-over land meanwhile
+            try:
+                if rng.random() < 0.3:
+                    lock.clear_run()
+                before = files(storage)
+                for n in range(rng.randint(1, 5)):
+                    if lock.lost:
+                        break
+                    if rng.random() < 0.5:
+                        Checkpoints(storage).save(me * 1000 + n, {"writer": torch.tensor(me)}, {"writer": me})
+                    else:
+                        append_metrics(storage, [{"writer": float(me), "n": float(n)}])
+                    time.sleep(rng.uniform(0, lease / 3))  # renewals (every lease / 4) come between writes
+                now = files(storage)
+                ours = (lock.holder() or {}).get("token") == lock.token and not lock.lost  # held since it took over
+                intruders = [r for r, digest in now.items() if before.get(r) != digest and writers(storage, r) - {me}]
+                if ours and intruders:
+                    violations.append(f"tenure {me} found {intruders} written by another")
+            except (LeaseLostError, OSError, ValueError):  # lost meanwhile (a file vanished under a reader)
+                pass
+            if rng.random() < 0.5:
+                lock.release()
+            else:
+                held.append(lock)  # still renewing: a later take-over and release must not bring it back
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for lock in held:
+        lock.release()
+    return violations
+
+
+def test_holders_racing_to_take_over_release_and_renew_never_write_into_a_run_they_do_not_hold(location):
+    assert race_for_the_run(location, seconds=2.5, lease=0.4) == []

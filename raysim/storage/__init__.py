@@ -6,7 +6,7 @@ records, the lock. ``location`` is a local path or a URI (``s3://bucket/prefix``
 ``hdfs://...``); paths inside it are relative (``checkpoints/12/state.pt``).
 """
 
-from raysim.storage.base import RunStorage, Staging, StorageError, is_uri
+from raysim.storage.base import LeaseLostError, RunStorage, Staging, StorageError, is_uri
 from raysim.storage.local import LocalStorage, fsync_dir, unwritable, write_parquet
 from raysim.storage.lock import RunLock, RunLockedError
 from raysim.storage.remote import FsStorage
@@ -17,5 +17,5 @@ def open_storage(location: str) -> RunStorage:
     return FsStorage(str(location)) if is_uri(str(location)) else LocalStorage(location)
 
 
-__all__ = ["FsStorage", "LocalStorage", "RunLock", "RunLockedError", "RunStorage", "Staging", "StorageError",
-           "fsync_dir", "is_uri", "open_storage", "unwritable", "write_parquet"]  # fmt: skip
+__all__ = ["FsStorage", "LeaseLostError", "LocalStorage", "RunLock", "RunLockedError", "RunStorage", "Staging",
+           "StorageError", "fsync_dir", "is_uri", "open_storage", "unwritable", "write_parquet"]  # fmt: skip

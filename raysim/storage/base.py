@@ -4,6 +4,10 @@ A directory whose files must appear together (a checkpoint) is written through `
 then a completion marker written by the caller, then ``commit``. On a local filesystem the staged
 directory is renamed into place; on a filesystem without rename (object stores) the files are written
 in place and the marker, written last, is what makes them complete.
+
+Every change to the run (a write, a removal, a rename, a staged directory's commit) is fenced by the run's
+lock once this process took it through the storage (``fence``): it is refused (``LeaseLostError``, nothing
+changed) when another process took the run over or this one gave it back.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raysim.storage.lock import RunLock
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]+://")
 
@@ -30,6 +38,10 @@ class StorageError(RuntimeError):
 class RunLockedError(StorageError):
     """The run directory cannot be locked by this process: another process holds it (the message names it), or
     locking it needs a package that is not installed (the message says which extra)."""
+
+
+class LeaseLostError(StorageError):
+    """A change to a run directory refused because this process does not hold its lock (any more)."""
 
 
 class Staging:
@@ -53,6 +65,17 @@ class RunStorage:
     location: str  # the local path or URI of the run directory
     is_local: bool
     can_rename = False  # object stores cannot: what a rename would retire is deleted, its marker first
+    fence: RunLock | None = None  # the run lock this process took through this storage (``RunLock.acquire``)
+
+    @contextmanager
+    def fenced(self) -> Iterator[None]:
+        """The body changes the run only while this process holds its lock (``RunLock.held``; no lock taken
+        through this storage: no check)."""
+        if self.fence is None:
+            yield
+            return
+        with self.fence.held():
+            yield
 
     def path(self, rel: str = "") -> str:
         """Where ``rel`` is (a local path or a URI), for messages."""

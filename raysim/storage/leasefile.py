@@ -46,6 +46,12 @@ class LeaseFile:
     def read(self) -> Observed | None:
         raise NotImplementedError
 
+    @contextmanager
+    def holding(self) -> Iterator[Observed | None]:
+        """The file as read (None: there is none), kept from changing until the body ends where the storage can
+        (a local file: a shared ``flock``); elsewhere as read just before the body."""
+        yield self.read()
+
     def create(self, data: bytes) -> str | bytes | None:
         raise NotImplementedError
 
@@ -120,6 +126,12 @@ class LocalLeaseFile(LeaseFile):
                 return None
             data = self._content(fd)
             return Observed(data, data, time.time() - os.fstat(fd).st_mtime) if data else None
+
+    @contextmanager
+    def holding(self) -> Iterator[Observed | None]:
+        with self._flocked(fcntl.LOCK_SH, os.O_RDONLY) as fd:
+            data = self._content(fd) if fd is not None else b""
+            yield Observed(data, data, None) if data else None
 
     def create(self, data: bytes) -> bytes | None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +216,7 @@ class FsLeaseFile(LeaseFile):
     """A lock file on another ``pyarrow.fs`` filesystem: compared, then written (best effort, not atomic)."""
 
     def __init__(self, storage: FsStorage, rel: str):
-        self.storage, self.rel = storage, rel
+        self.storage, self.rel = FsStorage(storage.location), rel  # its own: the lock file is not fenced by itself
 
     def read(self) -> Observed | None:
         try:

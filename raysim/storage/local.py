@@ -34,27 +34,29 @@ class LocalStorage(RunStorage):
         target = self.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-            fsync_dir(target.parent)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with self.fenced():
+            try:
+                with open(tmp, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, target)
+                fsync_dir(target.parent)
+            finally:
+                tmp.unlink(missing_ok=True)
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         target = self.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        with self.fenced():
+            try:
+                fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
         fsync_dir(target.parent)
         return True
 
@@ -70,22 +72,25 @@ class LocalStorage(RunStorage):
 
     def remove(self, rel: str) -> None:
         target = self.root / rel
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
+        with self.fenced():
+            if target.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
 
     def rename(self, rel: str, to: str) -> None:
         source, target = self.root / rel, self.root / to
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             raise FileExistsError(f"cannot move {source} to {target}: it exists")
-        os.rename(source, target)
+        with self.fenced():
+            os.rename(source, target)
         fsync_dir(target.parent)
         fsync_dir(source.parent)
 
     def staging(self, rel: str) -> Staging:
-        return LocalStaging(self.root / rel)
+        with self.fenced():  # no staged files in a run this process does not hold (its commit checks again)
+            return LocalStaging(self, self.root / rel)
 
     def local_copy(self, *rels: str) -> Path:
         return self.root
@@ -93,15 +98,16 @@ class LocalStorage(RunStorage):
     @contextmanager
     def writing_dir(self, rel: str) -> Iterator[Path]:
         folder = self.root / rel
-        folder.mkdir(parents=True, exist_ok=True)
+        with self.fenced():
+            folder.mkdir(parents=True, exist_ok=True)
         yield folder
 
 
 class LocalStaging(Staging):
-    """A directory written under a temporary name, fsynced, and renamed into place on ``commit``."""
+    """A directory written under a temporary name, fsynced, and renamed into place on ``commit`` (fenced)."""
 
-    def __init__(self, final: Path):
-        self.final = final
+    def __init__(self, storage: LocalStorage, final: Path):
+        self.storage, self.final = storage, final
         final.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = final.with_name(f"{self.PREFIX}{final.name}-{os.getpid()}")
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -115,7 +121,8 @@ class LocalStaging(Staging):
 
     def commit(self) -> None:
         fsync_dir(self.tmp)
-        os.rename(self.tmp, self.final)
+        with self.storage.fenced():
+            os.rename(self.tmp, self.final)
         fsync_dir(self.final.parent)
 
     def abandon(self) -> None:

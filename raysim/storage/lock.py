@@ -8,13 +8,16 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from raysim.storage.base import RunLockedError, RunStorage
+from raysim.storage.base import LeaseLostError, RunLockedError, RunStorage
 from raysim.storage.leasefile import Observed, lease_file
 
 LEASE_SECONDS = 120.0
 LOST_EXIT_CODE = 1  # the process whose lock another process took over
 RENEWED_AGO = "renewed_ago"  # in ``RunLock.holder()``: seconds since the last renewal, by the storage's clock
+BREAK_LOCK = "wait for it to end, or pass --break-lock if that process is gone"  # what a refused resume can do
 
 
 class RunLock:
@@ -25,8 +28,13 @@ class RunLock:
     over is one compare-and-swap of the lock file (``LeaseFile``: atomic on local filesystems and on S3), so of
     processes racing to break one lock exactly one wins and the others are refused, naming it. A renewal is a
     compare-and-swap too: when it finds that another process took the lock over (``--break-lock``, or this
-    process stalled past its lease), the process ends at once with one line saying so (exit code 1), not
+    process stalled past its lease), or that the lock file is gone (taken over and given back: a sweep's
+    ``start_over``, a discarded run), the process ends at once with one line saying so (exit code 1), not
     through the signal path, which would save a checkpoint into a run it no longer owns.
+
+    Writes are fenced by the lease: every change through the storage the lock was taken with checks first
+    that the lock file still names this process (``held``), and refuses otherwise; on a local filesystem the
+    check holds a shared ``flock`` on the lock file until the change is done, so no take-over comes between.
     """
 
     FILE = "lock.json"
@@ -39,6 +47,7 @@ class RunLock:
         self._version: str | bytes | None = None  # of the lock file as this process last wrote it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewing = threading.Lock()  # held by a renewal in flight; ``release`` waits for it
 
     def _content(self) -> bytes:
         holder = {**this_process(), "token": self.token, "since": self.since, "renewed": time.time()}
@@ -49,8 +58,9 @@ class RunLock:
         observed = self.file.read()
         return None if observed is None else record(observed)
 
-    def acquire(self, force: bool = False) -> str | None:
-        """Take the lock; returns a note when a stale (or, with ``force``, any) lock was broken."""
+    def acquire(self, force: bool = False, advice: str = BREAK_LOCK) -> str | None:
+        """Take the lock; returns a note when a stale (or, with ``force``, any) lock was broken. A refusal
+        (``RunLockedError``) names the holder and ends with ``advice``: what the refused command can do."""
         note = None
         self.since = time.time()
         observed = self.file.read()
@@ -60,21 +70,21 @@ class RunLock:
             holder = record(observed)
             why = stale(holder, self.lease)
             if why is None and not force:
-                raise self._refusal(holder, "is in use by")
+                raise self._refusal(holder, "is in use by", advice)
             self._version = self.file.replace(self._content(), observed.version)
             note = f"broke the lock of process {holder.get('pid')} on host {holder.get('host')!r} ({why or 'forced'})"
         if self._version is None:  # another process created the lock, or took it over, first
-            raise self._refusal(self.holder() or {}, "was locked just now by")
+            raise self._refusal(self.holder() or {}, "was locked just now by", advice)
+        self.storage.fence = self  # every later change through this storage checks the lease
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="raysim-run-lock", daemon=True)
         self._thread.start()
         return note
 
-    def _refusal(self, holder: dict, what: str) -> RunLockedError:
+    def _refusal(self, holder: dict, what: str, advice: str) -> RunLockedError:
         return RunLockedError(
             f"run directory {self.storage.path()} {what} process {holder.get('pid')} on host {holder.get('host')!r} "
-            f"(since {time.ctime(holder.get('since', 0))}); wait for it to end, or pass --break-lock if that "
-            "process is gone"
+            f"(since {time.ctime(holder.get('since', 0))}); {advice}"
         )
 
     def _renew(self) -> None:
@@ -85,24 +95,48 @@ class RunLock:
                 continue
 
     def _renew_once(self) -> None:
-        version = self.file.replace(self._content(), self._version)
-        if version is None:
-            observed = self.file.read()
-            if observed is None:  # removed by hand: no other process holds it, this one still does
-                version = self.file.create(self._content())
-            elif record(observed).get("token") == self.token:  # a renewal whose answer was lost
-                version = self.file.replace(self._content(), observed.version)
+        """Renew the lease. A lock file that names another process, or none (taken over and given back), is lost:
+        only a file that still names this process proves that it never lost the lock."""
+        with self._renewing:
+            if self._stop.is_set() or self._version is None:  # given back meanwhile: nothing to renew
+                return
+            version = self.file.replace(self._content(), self._version)
             if version is None:
-                self._lost(observed or self.file.read())
-        self._version = version
+                observed = self.file.read()
+                if observed is not None and record(observed).get("token") == self.token:  # an answer was lost
+                    version = self.file.replace(self._content(), observed.version)
+                if version is None:
+                    self._version = None
+                    self._lost(observed)
+                    return
+            self._version = version
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Run the body (a change to the run) only while this process holds the lock: ``LeaseLostError`` otherwise,
+        after ``_lost`` when the lock was taken from it. The lock file must name this process; on a local
+        filesystem a shared ``flock`` on it is held until the body ends (a take-over waits for it), elsewhere
+        the check is one request just before the change."""
+        if self._version is None:
+            raise LeaseLostError(f"run directory {self.storage.path()} is not locked by this process: nothing written")
+        with self.file.holding() as observed:
+            if observed is None or record(observed).get("token") != self.token:
+                self._version = None
+                self._lost(observed)
+                raise LeaseLostError(f"run directory {self.storage.path()} was taken over: nothing written")
+            yield
 
     def _lost(self, observed: Observed | None) -> None:
         """Another process took the run over: stop at once, writing nothing more (no checkpoint, no sink)."""
-        holder = record(observed) if observed is not None else {}
+        if observed is None:
+            how = "taken over and given back by another process (its lock file is gone)"
+        else:
+            holder = record(observed)
+            how = f"taken over by process {holder.get('pid')} on host {holder.get('host')!r}"
         sys.stdout.flush()
         print(
-            f"raysim: error: run directory {self.storage.path()} was taken over by process {holder.get('pid')} on "
-            f"host {holder.get('host')!r}: this process lost its lock and stops now, writing nothing more",
+            f"raysim: error: run directory {self.storage.path()} was {how}: this process lost its lock and stops "
+            "now, writing nothing more",
             file=sys.stderr,
             flush=True,
         )
@@ -119,15 +153,18 @@ class RunLock:
         return True
 
     def release(self) -> None:
-        """Give the lock back (nothing when this process does not hold it)."""
+        """Give the lock back (nothing when this process does not hold it): renewal stops first (a renewal in
+        flight ends before the file is deleted), and later changes through the storage are refused."""
         if self._thread is None:
             return
         self._stop.set()
-        self._thread.join(timeout=5)
+        with self._renewing:  # no renewal in flight now, and none after
+            version, self._version = self._version, None
+        if self._thread is not threading.current_thread():
+            self._thread.join()
         self._thread = None
-        if self._version is not None:
-            self.file.delete(self._version)  # only as this process last wrote it
-            self._version = None
+        if version is not None:
+            self.file.delete(version)  # only as this process last wrote it
 
 
 def record(observed: Observed) -> dict:

@@ -48,9 +48,10 @@ class FsStorage(RunStorage):
 
     def write(self, rel: str, data: bytes) -> None:
         parent = self._full(rel).rpartition("/")[0]
-        self.fs.create_dir(parent, recursive=True)
-        with self.fs.open_output_stream(self._full(rel)) as stream:
-            stream.write(data)
+        with self.fenced():
+            self.fs.create_dir(parent, recursive=True)
+            with self.fs.open_output_stream(self._full(rel)) as stream:
+                stream.write(data)
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Create ``rel`` unless it exists. Object stores have no atomic create: two processes starting within
@@ -87,10 +88,11 @@ class FsStorage(RunStorage):
         from pyarrow import fs
 
         kind = self._info(rel).type
-        if kind == fs.FileType.Directory:
-            self.fs.delete_dir(self._full(rel))
-        elif kind == fs.FileType.File:
-            self.fs.delete_file(self._full(rel))
+        with self.fenced():
+            if kind == fs.FileType.Directory:
+                self.fs.delete_dir(self._full(rel))
+            elif kind == fs.FileType.File:
+                self.fs.delete_file(self._full(rel))
 
     def staging(self, rel: str) -> Staging:
         return InPlaceStaging(self, rel)
