@@ -35,7 +35,9 @@ ROOT = "checkpoints"
 MANIFEST, STATE, META, SCORE = "manifest.json", "state.pt", "meta.json", "score.json"
 FORMAT = 2  # meta.json's "checkpoint_format": 2 and later have a manifest
 ABANDONED = "abandoned"  # checkpoints/abandoned/<time>-<name>: checkpoints of abandoned timelines (local runs)
+KEEP_ABANDONED = 2  # the retirements whose checkpoints prune keeps under abandoned/ (checkpoint.keep_abandoned)
 _NAME = re.compile(r"^(\d+)(?:\.(\d+))?$")
+_RETIRED = re.compile(r"^(\d{8}T\d{6}Z(?:\.\d+)?)-\d+(?:\.\d+)?$")  # <time>[.<n>]-<checkpoint name>
 _warned_unverified: set[str] = set()
 
 
@@ -189,9 +191,10 @@ class Checkpoints:
         """The checkpoints whose save finished (their completion marker exists; intact or not), oldest first."""
         return [c for c in self.list() if self._complete(c)]
 
-    def prune(self, keep_last: int) -> None:
+    def prune(self, keep_last: int, keep_abandoned: int = KEEP_ABANDONED) -> None:
         """Keep the newest ``keep_last`` complete checkpoints and the best scored intact one; drop the rest, and
-        the leftovers of saves that were killed (staging directories, incomplete checkpoints older than those kept)."""
+        the leftovers of saves that were killed (staging directories, incomplete checkpoints older than those kept);
+        under ``checkpoints/abandoned/``, keep the checkpoints of the newest ``keep_abandoned`` retirements."""
         complete = self.complete()
         keep = set(complete[-max(1, keep_last) :])
         scored = [(s, c) for c in complete if (s := self.score(c)) is not None]
@@ -205,6 +208,12 @@ class Checkpoints:
         for name in self.storage.list(ROOT):
             if name.startswith(Staging.PREFIX):
                 self.storage.remove(f"{ROOT}/{name}")
+        aside = self.storage.list(f"{ROOT}/{ABANDONED}")
+        retirements = sorted({r for name in aside if (r := retirement(name))}, key=retirement_order)
+        dropped = set(retirements[: max(0, len(retirements) - keep_abandoned)])
+        for name in aside:
+            if retirement(name) in dropped:
+                self.storage.remove(f"{ROOT}/{ABANDONED}/{name}")
 
     def retire_after(self, iteration: int) -> list[Checkpoint]:
         """Retire every checkpoint of an iteration after ``iteration``, from which the run continues."""
@@ -213,15 +222,16 @@ class Checkpoints:
 
     def retire(self, checkpoints: list[Checkpoint], why: str) -> list[Checkpoint]:
         """Retire ``checkpoints``, which belong to an abandoned timeline (``why``), said in one line. Locally they
-        move to ``checkpoints/abandoned/<time>-<name>`` (names come round again); object stores cannot rename:
+        move to ``checkpoints/abandoned/<time>-<name>`` (names come round again; ``<time>`` names this retirement,
+        made unique with ``.<n>``; ``prune`` keeps the newest retirements); object stores cannot rename:
         every completion marker goes first, newest first, then the rest."""
         retired = sorted(checkpoints, reverse=True)
         if not retired:
             return []
         if self.storage.can_rename:
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            stamp = self._retirement_stamp()
             for checkpoint in retired:
-                self.storage.rename(checkpoint.rel, self._aside(stamp, checkpoint))
+                self.storage.rename(checkpoint.rel, f"{ROOT}/{ABANDONED}/{stamp}-{checkpoint.name}")
             done = f"moved to {self.storage.path(f'{ROOT}/{ABANDONED}')}/"
         else:
             for checkpoint in retired:  # none of them is complete any more before anything else goes
@@ -234,12 +244,13 @@ class Checkpoints:
         print(f"raysim: {what} {why} (an abandoned timeline): {done}", flush=True)
         return retired
 
-    def _aside(self, stamp: str, checkpoint: Checkpoint) -> str:
-        """A name under ``checkpoints/abandoned/`` that is not taken."""
-        rel, n = f"{ROOT}/{ABANDONED}/{stamp}-{checkpoint.name}", 1
-        while self.storage.exists(rel):
-            rel, n = f"{ROOT}/{ABANDONED}/{stamp}.{n}-{checkpoint.name}", n + 1
-        return rel
+    def _retirement_stamp(self) -> str:
+        """The time of a retirement now (UTC); ``<time>.<n>`` after the newest retirement under ``abandoned/`` when
+        that one has the same time (or a later one), so the newest retirement always sorts last."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        earlier = [retirement_order(r) for name in self.storage.list(f"{ROOT}/{ABANDONED}") if (r := retirement(name))]
+        newest = max(earlier, default=None)
+        return f"{newest[0]}.{newest[1] + 1}" if newest is not None and newest[0] >= stamp else stamp
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -325,6 +336,19 @@ class Checkpoints:
             else:
                 cause = text.splitlines()[0] if text else type(error).__name__
             raise CheckpointError(f"checkpoint file {path} cannot be loaded: {cause}") from error
+
+
+def retirement(name: str) -> str | None:
+    """The retirement (``<time>`` or ``<time>.<n>``) a name under ``checkpoints/abandoned/`` belongs to; None for a
+    name that no retirement made."""
+    match = _RETIRED.match(name)
+    return match[1] if match else None
+
+
+def retirement_order(stamp: str) -> tuple[str, int]:
+    """Retirements oldest first: by time, then by ``.<n>``."""
+    time_, _, n = stamp.partition(".")
+    return time_, int(n or 0)
 
 
 def sha256(data: bytes) -> str:

@@ -21,6 +21,7 @@ import yaml
 
 from raysim.algos import algorithm_class
 from raysim.algos.ppo import PPOConfig
+from raysim.checkpoint import KEEP_ABANDONED
 from raysim.composition import ConfigError, expand, read_yaml, safe_load
 from raysim.envs.frame_stack import FrameStackConfig
 from raysim.models import ModelConfig
@@ -127,6 +128,9 @@ class CheckpointConfig:
     every: int = setting(50, help="iterations between checkpoints (0: none by iterations)", low=0)
     every_seconds: float = setting(300.0, help="also this much wall time after the last one (0: none by time)", low=0)
     keep_last: int = setting(3, help="newest checkpoints kept (plus the best by evaluation)", low=1)
+    keep_abandoned: int = setting(
+        KEEP_ABANDONED, help="abandoned timelines kept under checkpoints/abandoned/ (the newest retirements)", low=0
+    )
 
 
 @dataclass

@@ -251,3 +251,25 @@ def test_env_state_round_trips_so_that_episodes_continue_exactly():
         assert torch.equal(again.done_rows, step.done_rows)
     with pytest.raises(ValueError, match="rows"):
         make("raysim/CartPole", 4).set_state(saved)
+
+
+def test_pruning_keeps_the_abandoned_timelines_of_the_newest_retirements_only(tmp_path, capsys):
+    """Three rewinds to iteration 3 within a second each retire 5, 7 and 9 (rewinds, PBT exploits): pruning keeps
+    the two newest retirements' checkpoints under abandoned/ by default, none with keep_abandoned 0."""
+    checkpoints = store(tmp_path)
+    checkpoints.save(3, state(3.0), {})
+    for _ in range(3):
+        for iteration in (5, 7, 9):
+            checkpoints.save(iteration, state(float(iteration)), {})
+        checkpoints.retire_after(3)
+    folder = tmp_path / "checkpoints" / "abandoned"
+    assert len(list(folder.iterdir())) == 9
+    checkpoints.prune(keep_last=1)
+    kept = sorted(p.name for p in folder.iterdir())
+    assert len(kept) == 6 and len({name.rpartition("-")[0] for name in kept}) == 2  # two retirements, 3 each
+    checkpoints.save(5, state(5.0), {})
+    checkpoints.retire_after(3)  # a fourth: the oldest of the two kept goes at the next save
+    checkpoints.prune(keep_last=1)
+    assert sorted(p.name for p in folder.iterdir())[:3] == kept[3:] and len(list(folder.iterdir())) == 4
+    checkpoints.prune(keep_last=1, keep_abandoned=0)
+    assert list(folder.iterdir()) == [] and [c.name for c in checkpoints.list()] == ["3"]

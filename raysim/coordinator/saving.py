@@ -36,7 +36,7 @@ def save(session: Session, final: bool = False) -> Checkpoint:
         {**ready.state.meta(), **session.meta},
         before_marker=lambda: faults.on_phase(phase, iteration, session),
     )
-    session.checkpoints.prune(session.config.checkpoint.keep_last)
+    session.checkpoints.prune(session.config.checkpoint.keep_last, session.config.checkpoint.keep_abandoned)
     session.last_save = time.monotonic()
     return ready.saved
 
