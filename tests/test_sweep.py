@@ -23,7 +23,7 @@ from raysim.config import load_config, to_dict
 from raysim.coordinator.cluster import ResourceError
 from raysim.storage import RunLock, open_storage
 from raysim.sweep.fit import extreme_trials, largest, refuse_unfittable
-from raysim.sweep.sweep import Sweep, check_sweep, planned_reports, scheduler_of, trainable_of
+from raysim.sweep.sweep import Sweep, check_sweep, checkpoints_kept, planned_reports, scheduler_of, trainable_of
 from raysim.sweep.trial import wait_for_handover
 from tests.support.ray_head import RayHead
 
@@ -157,6 +157,13 @@ def test_every_value_of_a_finite_parameter_is_checked_and_the_failing_ones_named
     with pytest.raises(ConfigError, match=re.escape("shards.count=3 makes invalid trials, e.g. the trial with")):
         check_sweep(sweep_of("shards.count=choice:2,3,4", "learner.ranks=choice:1,2"))  # (3, 2) can be drawn
     check_sweep(sweep_of("shards.count=choice:2,4", "learner.ranks=randint:1:3"))  # every pair is valid
+
+
+def test_tune_keeps_a_bounded_number_of_each_trials_checkpoints_with_pbt_enough_for_a_clone():
+    assert checkpoints_kept(sweep_of("algo.lr=choice:1e-3", scheduler="asha")) == 2
+    pbt = sweep_of("algo.lr=loguniform:1e-4:1e-3", scheduler="pbt")
+    pbt.perturbation_interval = 3
+    assert checkpoints_kept(pbt) == 8  # a donor's saved checkpoint, then up to 3 reports and a save before the next
 
 
 def test_asha_lets_the_trial_with_the_most_reports_run_to_its_end():

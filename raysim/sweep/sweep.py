@@ -133,6 +133,16 @@ def scheduler_of(sweep: Sweep, trials: list[tuple[dict[str, Any], Config]]) -> A
     return FIFOScheduler()
 
 
+def checkpoints_kept(sweep: Sweep) -> int:
+    """How many of each trial's newest Tune checkpoints Tune keeps: 2; with PBT, ``2 x perturbation_interval + 2``.
+
+    PBT clones the checkpoint a donor saved at its last perturbation while the donor goes on, reporting a
+    checkpoint each time; the donor saves another at its next perturbation (``perturbation_interval`` reports
+    later), and a trial that cloned it restores it when it starts again: twice that interval leaves room.
+    """
+    return 2 * sweep.perturbation_interval + 2 if sweep.scheduler == "pbt" else 2
+
+
 def trainable_of(sweep: Sweep) -> Any:
     """``SweepTrial`` with the sweep's base config, each trial in a placement group sized from its own config."""
     from ray import tune
@@ -243,8 +253,7 @@ def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
                     name=name,
                     storage_path=parent,
                     failure_config=ray_tune.FailureConfig(max_failures=sweep.max_failures),
-                    # PBT clones a donor's checkpoint while the donor goes on: keep them all for it
-                    checkpoint_config=ray_tune.CheckpointConfig(num_to_keep=None if sweep.scheduler == "pbt" else 2),
+                    checkpoint_config=ray_tune.CheckpointConfig(num_to_keep=checkpoints_kept(sweep)),
                     verbose=1,  # the table of trials; each trial's metrics are in its run directory
                 ),
             )
