@@ -115,3 +115,28 @@ def test_a_fresh_chunk_restarts_its_shards_return_accumulators():
     expected = RewardScale(gamma=0.9)
     expected.batch_moments(chunk)
     assert torch.equal(scale.returns[0], expected.returns[0])  # as if no earlier shard had been there
+
+
+def test_the_accumulators_of_shards_gone_with_elastic_churn_are_dropped_and_the_live_ones_kept():
+    """Shard 0 stays; each update an elastic shard with a new index comes and goes: only the last FORGET_AFTER stay."""
+    from raysim.algos.reward_scale import FORGET_AFTER
+    from raysim.learner.ranks import RankGroup
+    from raysim.rollout import RolloutChunk
+
+    def chunk(shard: int) -> RolloutChunk:
+        steps = torch.zeros(2, 3, dtype=torch.bool)
+        return RolloutChunk(
+            obs={}, actions=torch.zeros(2, 3), logp=torch.zeros(2, 3), reward=torch.ones(2, 3), terminated=steps,
+            truncated=steps, mask=~steps, final_obs={}, final_t=torch.zeros(0, dtype=torch.long),
+            final_row=torch.zeros(0, dtype=torch.long), episodes={}, policy_version=0, shard=shard,
+        )
+
+    scale, ranks = RewardScale(gamma=0.5), RankGroup(0, 1, torch.device("cpu"))
+    for update in range(FORGET_AFTER + 50):
+        scale.observe([chunk(0), chunk(1000 + update)], ranks)
+    assert sorted(scale.returns) == [0, *range(1050, 1000 + FORGET_AFTER + 50)]
+    assert torch.allclose(scale.returns[0], torch.full((3,), 2.0, dtype=torch.float64))  # 1 + 0.5 + ...: carried
+    resumed = RewardScale(gamma=0.5)
+    resumed.load_state_dict(scale.state_dict())
+    resumed.observe([chunk(0)], ranks)
+    assert sorted(resumed.returns) == [0, *range(1051, 1000 + FORGET_AFTER + 50)]  # the oldest one went next
