@@ -165,7 +165,7 @@ def test_the_old_name_shards_first_arrived_is_read_as_shards_wait_fraction_with_
 
 
 def test_a_recurrent_model_is_checked_against_the_rows_that_arrive_with_wait_fraction_below_one():
-    """4 shards x 1 env, half of them awaited: a rank trains on 2 rows, which 4 minibatches of whole rows cannot split."""
+    """4 shards x 1 env, half of them awaited: a rank trains on 2 rows, too few for 4 minibatches of whole rows."""
     lstm = ["shards.count=4", "env.num_envs=1", "shards.wait_fraction=0.5", "model.recurrent=lstm"]
     with pytest.raises(ConfigError, match=r"a learner rank's 2 rows \(the first 2 of its 4 shards to arrive, "):
         load_config(None, [*lstm, "algo.num_minibatches=4"])

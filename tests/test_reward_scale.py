@@ -7,10 +7,12 @@ import torch
 
 import raysim
 from raysim.algos.ppo import PPOConfig
-from raysim.algos.reward_scale import RewardScale
+from raysim.algos.reward_scale import FORGET_AFTER, RewardScale
 from raysim.checkpoint import locate_checkpoint
 from raysim.learner import Learner
+from raysim.learner.ranks import RankGroup
 from raysim.models.networks import ModelConfig
+from raysim.rollout import RolloutChunk
 from raysim.rollout.advantages import chunk_values, gae
 from raysim.rollout.shard import EnvShard
 
@@ -119,16 +121,13 @@ def test_a_fresh_chunk_restarts_its_shards_return_accumulators():
 
 def test_the_accumulators_of_shards_gone_with_elastic_churn_are_dropped_and_the_live_ones_kept():
     """Shard 0 stays; each update an elastic shard with a new index comes and goes: only the last FORGET_AFTER stay."""
-    from raysim.algos.reward_scale import FORGET_AFTER
-    from raysim.learner.ranks import RankGroup
-    from raysim.rollout import RolloutChunk
 
     def chunk(shard: int) -> RolloutChunk:
-        steps = torch.zeros(2, 3, dtype=torch.bool)
+        ends, none = torch.zeros(2, 3, dtype=torch.bool), torch.zeros(0, dtype=torch.long)  # 2 steps, 3 rows
+        steps = {"actions": torch.zeros(2, 3), "logp": torch.zeros(2, 3), "reward": torch.ones(2, 3), "mask": ~ends}
+        finals = {"final_obs": {}, "final_t": none, "final_row": none}
         return RolloutChunk(
-            obs={}, actions=torch.zeros(2, 3), logp=torch.zeros(2, 3), reward=torch.ones(2, 3), terminated=steps,
-            truncated=steps, mask=~steps, final_obs={}, final_t=torch.zeros(0, dtype=torch.long),
-            final_row=torch.zeros(0, dtype=torch.long), episodes={}, policy_version=0, shard=shard,
+            {}, **steps, terminated=ends, truncated=ends, **finals, episodes={}, policy_version=0, shard=shard
         )
 
     scale, ranks = RewardScale(gamma=0.5), RankGroup(0, 1, torch.device("cpu"))

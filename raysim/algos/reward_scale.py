@@ -20,6 +20,7 @@ from raysim.rollout import RolloutChunk
 
 FORGET_AFTER = 100  # updates without a chunk of a shard after which its accumulators are dropped
 
+
 class RewardScale:
     """Running return statistics and per-shard return accumulators."""
 

@@ -214,8 +214,9 @@ class Learner:
 
         The only place the statistics change: from training chunks (``obs[g][:-1][mask]``; never
         final_obs, evaluation or the shards), after the algorithm's update, whose values, advantages and
-        ratios use the statistics the chunks were acted with (lockstep is plain PPO: the first ratio is 1). Each network's normalizer takes the vector groups it reads
-        (``GroupInputs.vector_input``); all ranks end with the statistics of the union of their batches.
+        ratios use the statistics the chunks were acted with (lockstep is plain PPO: the first ratio is 1).
+        Each network's normalizer takes the vector groups it reads (``GroupInputs.vector_input``); all ranks
+        end with the statistics of the union of their batches.
         """
         networks = [m for m in (self.model.actor, self.model.critic) if m is not None and m.obs_norm is not None]
         if not networks:
