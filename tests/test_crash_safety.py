@@ -315,9 +315,10 @@ def test_a_lock_left_by_a_dead_process_or_an_expired_lease_elsewhere_is_broken(t
     assert "no longer exists" in lock.acquire()
     lock.release()
     far = {"host": "another-host", "pid": 1, "lease_seconds": 120}
+    storage = LocalStorage(tmp_path)  # the other process's: this one gave the lock back and writes no more
     storage.write("lock.json", json.dumps(far).encode())
     os.utime(tmp_path / "lock.json", (1.0, 1.0))  # last renewed long ago, by the filesystem's clock
-    assert "lease expired" in (lock := RunLock(storage)).acquire()
+    assert "lease expired" in (lock := RunLock(LocalStorage(tmp_path))).acquire()
     lock.release()
     storage.write("lock.json", json.dumps(far).encode())  # a live lease elsewhere: renewed just now
     with pytest.raises(RunLockedError, match="in use by process 1 on host 'another-host'"):

@@ -27,9 +27,12 @@ import pytest
 import torch
 
 from raysim.checkpoint import Checkpoints
+from raysim.composition import ConfigError
+from raysim.coordinator.claim import RunClaim
+from raysim.coordinator.snapshot import choose_run_dir, default_run_dirs
 from raysim.records import append_metrics, metric_parts, read_table
 from raysim.storage import LeaseLostError, LocalStorage, RunLock, RunLockedError, Staging, open_storage
-from raysim.sweep.trial import start_over
+from raysim.sweep.trial import start_over, take_over
 from tests.support.lock_race import race
 from tests.support.moto_s3 import moto_server
 
@@ -213,6 +216,25 @@ def test_a_restarted_trial_never_deletes_a_run_directory_a_live_process_holds(tm
     assert storage.list("") == []
 
 
+def test_a_pbt_exploit_never_changes_a_trial_directory_a_live_process_holds(tmp_path):
+    from raysim.config import load_config
+
+    donor = LocalStorage(tmp_path / "donor")
+    Checkpoints(donor).save(7, {"weights": torch.ones(2)}, {})
+    trial = LocalStorage(tmp_path / "trial")
+    Checkpoints(trial).save(4, {"weights": torch.zeros(2)}, {})
+    holder = RunLock(trial)  # the trial's earlier attempt still runs
+    holder.acquire()
+    try:
+        with pytest.raises(RunLockedError, match=f"in use by process {os.getpid()}"):
+            take_over(LocalStorage(tmp_path / "trial"), tmp_path / "donor/checkpoints/7", load_config("cartpole_ppo"))
+        assert trial.list("checkpoints") == ["4"]  # its own checkpoint neither retired nor joined by the donor's
+    finally:
+        holder.release()
+    point = take_over(LocalStorage(tmp_path / "trial"), tmp_path / "donor/checkpoints/7", load_config("cartpole_ppo"))
+    assert point.checkpoint.name == "7" and not trial.exists("lock.json")
+
+
 # -- S3 -------------------------------------------------------------------------------------------------
 
 
@@ -272,6 +294,71 @@ def test_on_s3_locking_without_boto3_says_which_extra_to_install(s3, monkeypatch
     monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
     with pytest.raises(RunLockedError, match=r'pip install "raysim\[s3\]"'):
         RunLock(open_storage("s3://raysim-lock/runs/no-boto3"))
+
+
+# -- a new run's directory: chosen and locked in one step -------------------------------------------------------
+
+
+def claim_new_run(run_dir: str, default: bool) -> tuple[RunClaim, str | None]:
+    """What ``Trainer.train`` does for a new run once Ray started: ``run_dir`` (``choose_run_dir``'s) locked."""
+    claim = RunClaim(open_storage(run_dir), run_dir, break_lock=False)
+    return claim, claim.create(default_run_dirs("demo", after=run_dir) if default else ())
+
+
+def test_two_new_runs_that_chose_the_same_default_directory_get_one_each_and_never_touch_the_other(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    config = type("Config", (), {"run_dir": None, "name": "demo"})()
+    chosen = [choose_run_dir(config)[0] for _ in range(3)]  # three `raysim train` started together: Ray starts next
+    assert chosen == ["runs/demo"] * 3
+    first, note = claim_new_run(chosen[0], default=True)
+    assert note is None and first.run_dir == "runs/demo"
+    first.storage.write("configs/train.yaml", b"first")
+    second, note = claim_new_run(chosen[1], default=True)  # the first holds it: the next name, not a refusal
+    assert (second.run_dir, note) == ("runs/demo-1", "runs/demo is taken: this run writes runs/demo-1")
+    second.discard()  # the second fails before its first iteration: it removes its own directory only
+    assert not Path("runs/demo-1").exists() and first.storage.read("configs/train.yaml") == b"first"
+    first.release()  # the first ended; the third looks only now
+    third, note = claim_new_run(chosen[2], default=True)
+    assert third.run_dir == "runs/demo-1" and note == "runs/demo is taken: this run writes runs/demo-1"
+    third.discard()
+    assert sorted(os.listdir("runs/demo")) == ["configs"] and first.storage.read("configs/train.yaml") == b"first"
+
+
+def test_a_train_whose_default_directory_was_locked_after_it_chose_it_trains_in_the_next_one(
+    tmp_path, monkeypatch, capsys
+):
+    from raysim.config import load_config
+    from raysim.coordinator import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    tiny = ["backend=local", "train.total_steps=256", "eval.episodes=0", "env.num_envs=4", "train.sinks=[parquet]"]
+    trainer = Trainer(load_config("cartpole_ppo", tiny))  # chooses runs/cartpole_ppo; Ray would start now
+    first = RunLock(LocalStorage("runs/cartpole_ppo"))
+    first.acquire()  # a `raysim train` started at the same time locked it meanwhile
+    try:
+        summary = trainer.train()
+    finally:
+        first.release()
+    assert summary.run_dir == "runs/cartpole_ppo-1"
+    assert "raysim: runs/cartpole_ppo is taken: this run writes runs/cartpole_ppo-1" in capsys.readouterr().out
+    assert os.listdir("runs/cartpole_ppo") == [] and Checkpoints(LocalStorage("runs/cartpole_ppo-1")).complete()
+
+
+def test_a_new_run_whose_given_directory_was_taken_meanwhile_is_refused_with_what_train_accepts(tmp_path):
+    run_dir = str(tmp_path / "run")
+    holder, _ = claim_new_run(run_dir, default=False)
+    try:
+        with pytest.raises(RunLockedError, match=f"in use by process {os.getpid()}") as refused:
+            claim_new_run(run_dir, default=False)
+        assert str(refused.value).endswith("choose another --run-dir") and "--break-lock" not in str(refused.value)
+        holder.storage.write("configs/train.yaml", b"a run")
+    finally:
+        holder.release()
+    with pytest.raises(ConfigError, match=f"run_dir {run_dir} holds a run: continue it with `raysim resume {run_dir}`"):
+        claim_new_run(run_dir, default=False)  # it finished meanwhile: nothing is written into it
+    assert os.listdir(run_dir) == ["configs"]
 
 
 # -- the fence: a holder that lost its lock writes nothing more -------------------------------------------------

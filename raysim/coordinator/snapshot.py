@@ -6,7 +6,9 @@ the driver, and writes into the run's ``resources/``.
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ RUNTIME_ONLY = ("run_dir", "train.stop_after")  # settings of one process, never
 
 
 def choose_run_dir(config: Config) -> tuple[str, str | None]:
-    """Where a new run goes (nothing is created yet) and a note when the default name was taken.
+    """Where a new run goes and a note when the default name was taken (nothing is created: ``RunClaim.create``
+    locks it and looks again under the lock, passing on to the next default name when it was taken meanwhile).
 
     ``run_dir`` (a local path or a URI), which must not hold anything yet (a run there is continued with
     ``raysim resume``), or ``runs/<name>``, suffixed ``-1``, ``-2``, ... when taken.
@@ -32,17 +35,40 @@ def choose_run_dir(config: Config) -> tuple[str, str | None]:
         local = Path(config.run_dir)
         if storage.is_local and local.exists() and not local.is_dir():
             raise ConfigError(f"run_dir {config.run_dir} is a file: choose another --run-dir")
-        if storage.list(""):
-            holds = storage.exists("configs/train.yaml")
-            what = "holds a run" if holds else "is not an empty directory"
-            hint = f"continue it with `raysim resume {config.run_dir}`, or " if holds else ""
-            raise ConfigError(f"run_dir {config.run_dir} {what}: {hint}choose another --run-dir")
+        refusal = new_run_refusal(storage, config.run_dir)
+        if refusal:
+            raise ConfigError(refusal)
         return storage.location, None
-    base = Path("runs") / config.name
-    path, n = base, 1
-    while path.exists() and (not path.is_dir() or any(path.iterdir())):
-        path, n = base.with_name(f"{base.name}-{n}"), n + 1
-    return str(path), (f"{base} is taken: this run writes {path}" if path != base else None)
+    base = next(default_run_dirs(config.name))
+    path = next(p for p in default_run_dirs(config.name) if not taken(Path(p)))
+    return path, (f"{base} is taken: this run writes {path}" if path != base else None)
+
+
+def default_run_dirs(name: str, after: str | None = None) -> Iterator[str]:
+    """``runs/<name>``, ``runs/<name>-1``, ``-2``, ...: where a new run without ``run_dir`` goes (those after
+    ``after`` only, when given)."""
+    base = Path("runs") / name
+    names = itertools.chain([str(base)], (str(base.with_name(f"{base.name}-{n}")) for n in itertools.count(1)))
+    if after is not None:
+        names = itertools.dropwhile(lambda path: path != after, names)
+        next(names, None)
+    return names
+
+
+def taken(path: Path) -> bool:
+    """Whether the local default run directory ``path`` cannot hold a new run (a file, or a directory with files)."""
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def new_run_refusal(storage: RunStorage, run_dir: str, ignore: tuple[str, ...] = ()) -> str | None:
+    """Why a new run cannot go into ``run_dir`` (it holds a run, or other files but ``ignore``); None when empty."""
+    names = [n for n in storage.list("") if n not in ignore and not n.startswith(".raysim-write-check-")]
+    if not names:
+        return None
+    holds = storage.exists(SNAPSHOT)
+    what = "holds a run" if holds else "is not an empty directory"
+    hint = f"continue it with `raysim resume {run_dir}`, or " if holds else ""
+    return f"run_dir {run_dir} {what}: {hint}choose another --run-dir"
 
 
 def write_snapshot(storage: RunStorage, config: Config) -> None:

@@ -39,7 +39,7 @@ from raysim.coordinator.saving import RunFailed, final_save, save
 from raysim.coordinator.schedule import Schedule, planned_iterations
 from raysim.coordinator.session import Ready, Session, end_roles
 from raysim.coordinator.signals import StopRequested, StopSignals
-from raysim.coordinator.snapshot import choose_run_dir, write_snapshot
+from raysim.coordinator.snapshot import choose_run_dir, default_run_dirs, write_snapshot
 from raysim.coordinator.summary import FINISHED, Summary
 from raysim.coordinator.training_eval import eval_due, eval_metrics, evaluate_iteration, final_evaluation
 from raysim.identity import env_identity
@@ -133,8 +133,13 @@ class Trainer:
             if self.resume:  # a second process on the run is refused before Ray starts
                 claim.take()
             backend, started_ray = start_backend(self.config, self.address, memory_need(self.config, self.spaces))
-            if not self.resume:  # the run directory appears once its roles are sure to fit
-                claim.create()
+            if not self.resume:  # the run directory is chosen and locked in one step once its roles are sure to fit
+                later = () if self.config.run_dir else default_run_dirs(self.config.name, after=self.run_dir)
+                moved = claim.create(later)
+                if moved:  # another run took the directory since it was chosen
+                    self.run_dir, self.storage = claim.run_dir, claim.storage
+                    self.checkpoints = Checkpoints(self.storage)
+                    print(f"raysim: {moved}", flush=True)
             with StopSignals() as signals:
                 try:
                     self.session = self._open(backend, signals)
