@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from raysim.storage import RunStorage, Staging, open_storage
+from raysim.storage import RunStorage, Staging, is_uri, open_storage
 
 ROOT = "checkpoints"
 MANIFEST, STATE, META, SCORE = "manifest.json", "state.pt", "meta.json", "score.json"
@@ -364,9 +364,18 @@ def _at(storage: RunStorage, rel: str) -> str | Path:
 
 
 def split_checkpoint(location: str | Path) -> tuple[str, Checkpoint] | None:
-    """``(run location, checkpoint)`` when ``location`` is a checkpoint directory (``.../checkpoints/<name>``)."""
-    text = str(location).rstrip("/")
-    run, _, name = text.rpartition("/")
+    """``(run location, checkpoint)`` when ``location`` is a checkpoint directory (``.../checkpoints/<name>``); a
+    URI's query options (``s3://bucket/run/checkpoints/12?endpoint_override=...``) stay with the run's location."""
+    found = _split_checkpoint(str(location))
+    if found is None and is_uri(str(location)) and "?" in str(location):
+        path, _, query = str(location).partition("?")
+        found = _split_checkpoint(path)
+        found = None if found is None else (f"{found[0]}?{query}", found[1])
+    return found
+
+
+def _split_checkpoint(text: str) -> tuple[str, Checkpoint] | None:
+    run, _, name = text.rstrip("/").rpartition("/")
     run, _, folder = run.rpartition("/")
     match = _NAME.match(name)
     if not match or folder != ROOT:
@@ -377,7 +386,11 @@ def split_checkpoint(location: str | Path) -> tuple[str, Checkpoint] | None:
 def load_directory(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(state, meta)`` of a checkpoint directory anywhere (a copy handed to Ray Tune), verified against its
     manifest; it need not sit under a run's ``checkpoints/``."""
-    parent, _, name = str(path).rstrip("/").rpartition("/")
+    text, query = str(path), ""
+    if is_uri(text) and "?" in text:
+        text, _, query = text.partition("?")
+    parent, _, name = text.rstrip("/").rpartition("/")
+    parent = f"{parent}?{query}" if query else parent
     return Checkpoints(open_storage(parent or ".")).load(Checkpoint(0, 0, name, folder=""))
 
 

@@ -154,3 +154,21 @@ def test_a_checkpoint_on_s3_is_retired_by_deleting_its_marker_first(s3, monkeypa
     assert checkpoint.iteration == 1 and state["version"] == 1  # no abandoned checkpoint is intact
     checkpoints.retire_after(1)
     assert [c.name for c in checkpoints.list()] == ["1"]
+
+
+def test_a_checkpoint_directory_on_s3_given_with_query_options_last_is_recognised(s3, monkeypatch):
+    import torch
+
+    from raysim.checkpoint import locate_checkpoint, split_checkpoint
+
+    for key, value in s3.items():
+        monkeypatch.setenv(key, value)
+    Checkpoints(open_storage("s3://raysim-test/query")).save(3, {"w": torch.ones(3)}, {})
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # the endpoint only in the URI's query, last
+    endpoint = s3["AWS_ENDPOINT_URL"].removeprefix("http://")
+    options = f"endpoint_override={endpoint}&scheme=http"
+    assert split_checkpoint(f"s3://raysim-test/query/checkpoints/3?{options}")[0] == f"s3://raysim-test/query?{options}"
+    storage, checkpoint, state, _ = locate_checkpoint(f"s3://raysim-test/query/checkpoints/3?{options}")
+    assert checkpoint.name == "3" and torch.equal(state["w"], torch.ones(3))
+    endpoint_url = f"endpoint_url=http://{endpoint}"  # a query value with slashes in it
+    assert split_checkpoint(f"s3://raysim-test/query/checkpoints/3/?{endpoint_url}")[1].name == "3"

@@ -81,7 +81,8 @@ class TrialRun:
 def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
     """Where a trial continues from the checkpoint Tune handed back (``folder``): its own checkpoint (a retry; the
     restore retires the later ones), or another trial's (PBT's exploit), saved into the trial once every checkpoint
-    of its own is retired: they belong to another timeline."""
+    of its own is retired: they belong to another timeline. Those changes are made under the trial's lock
+    (``RunLockedError`` while a live process holds it: nothing is changed)."""
     state, meta = load_directory(folder)
     refusal = resume_refusal(meta, config)
     if refusal:
@@ -91,9 +92,16 @@ def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
     for own in (c for c in checkpoints.complete() if c.iteration == iteration and marker is not None):
         if storage.exists(f"{own.rel}/{MANIFEST}") and storage.read(f"{own.rel}/{MANIFEST}") == marker:
             return ResumePoint(own, state, meta, new_config=True)
-    why = f"the trial's own, from before it took over another trial's checkpoint {iteration}"
-    checkpoints.retire(checkpoints.list(), why)
-    return ResumePoint(checkpoints.save(iteration, state, meta), state, meta, new_config=True)
+    lock = RunLock(storage)  # the trial's checkpoints change: only while no live process holds its directory
+    note = lock.acquire()
+    if note:
+        print(f"raysim: {storage.path()}: {note}", flush=True)
+    try:
+        why = f"the trial's own, from before it took over another trial's checkpoint {iteration}"
+        checkpoints.retire(checkpoints.list(), why)
+        return ResumePoint(checkpoints.save(iteration, state, meta), state, meta, new_config=True)
+    finally:
+        lock.release()
 
 
 def start_over(storage: RunStorage) -> None:
