@@ -27,8 +27,8 @@ def run_epochs(
 ) -> dict[str, torch.Tensor]:
     """``config.update_epochs`` passes over ``batch``, each in exactly ``config.num_minibatches`` shuffled minibatches.
 
-    Every sample is in one minibatch of each epoch: an uneven split makes minibatches that differ by one
-    sample (a recurrent batch's rows vary with elastic shards). The minibatch count never depends on
+    An uneven split (``minibatches``) leaves the remainder of a batch of transitions out of that epoch (a new
+    shuffle each epoch) and trains every row of a recurrent batch. The minibatch count never depends on
     the batch size, so learner ranks with different batch sizes take the same number of (collective)
     steps; each rank's gradient weighs with its minibatch size.
     ``loss_terms`` name the metrics whose non-finiteness the guard reports. ``config.target_kl``
@@ -36,13 +36,13 @@ def run_epochs(
     applied steps (tensors).
     """
     check_batch(batch, config)
-    size = batch["actions"].shape[0]
+    size, rows = batch["actions"].shape[0], "sequences" in batch
     target_kl = getattr(config, "target_kl", None)
     totals: dict[str, torch.Tensor] = {}
     applied = 0
     for _ in range(config.update_epochs):
         order = torch.randperm(size, generator=generator).to(batch["actions"].device)
-        for index in torch.tensor_split(order, config.num_minibatches):
+        for index in minibatches(order, config.num_minibatches, rows):
             minibatch_size = index.numel()
             loss, metrics = loss_fn(select(batch, index))
             last_kl = metrics["approx_kl"].detach() if target_kl is not None else None
@@ -56,6 +56,17 @@ def run_epochs(
         if target_kl is not None and kl_exceeded(last_kl, minibatch_size, target_kl, step.ranks):
             break
     return {name: value / max(applied, 1) for name, value in totals.items()}
+
+
+def minibatches(order: torch.Tensor, count: int, rows: bool) -> list[torch.Tensor]:
+    """``order`` (a shuffled batch) in ``count`` minibatches. A recurrent batch's (``rows``) are one row apart and
+    hold every row: a row is a whole sequence, and with elastic shards a rank's rows vary, so a remainder would
+    leave out a large part. A batch of transitions is split equally, the remainder (fewer than ``count`` of its
+    transitions) left out of this epoch."""
+    if rows:
+        return list(torch.tensor_split(order, count))
+    size = order.numel() // count
+    return [order[i * size : (i + 1) * size] for i in range(count)]
 
 
 def check_batch(batch: Batch, config: OptimizerConfig) -> None:
