@@ -301,12 +301,17 @@ def check_config(config: Config, where: str = "config") -> None:
         )
 
 
+def shards_awaited(shards: int, wait_fraction: float) -> int:
+    """How many of a learner rank's ``shards`` an update waits for: ``ceil(wait_fraction * shards)``, at least one."""
+    return min(shards, max(1, math.ceil(wait_fraction * shards)))
+
+
 def least_trained_rows(config: Config) -> tuple[int, str]:
-    """The fewest env rows a learner rank trains on in one update, and how they are counted: the chunks of
-    the first ``shards.wait_fraction`` of its share of ``shards.count`` to arrive (the collector's rule;
-    elastic shards never go below ``shards.count``), ``env.num_envs`` rows each."""
+    """The fewest env rows a learner rank trains on in one update, and how they are counted: the chunks of the
+    first ``shards_awaited`` of its share of ``shards.count`` to arrive (the collector's rule; elastic shards never
+    go below ``shards.count``), ``env.num_envs`` rows each."""
     shards, fraction = config.shards.count // config.learner.ranks, config.shards.wait_fraction
-    taken = min(shards, max(1, math.ceil(fraction * shards)))
+    taken = shards_awaited(shards, fraction)
     if taken == shards:
         return taken * config.env.num_envs, "shards.count / learner.ranks x env.num_envs"
     return (

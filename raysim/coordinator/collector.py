@@ -29,13 +29,12 @@ the shards after it move down one index.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from raysim.actors import Backend, InputLost
-from raysim.config import Config
+from raysim.config import Config, shards_awaited
 from raysim.coordinator.roles import Roles, create_shard, shard_request, start_shard
 from raysim.learner.inputs import ChunksLost
 from raysim.rollout import Collection, EnvShard
@@ -212,7 +211,7 @@ class Collector:
         mine = [i for i in mine if self._target(self.lanes[i]) is not None]
         if not mine:
             raise RuntimeError(f"learner rank {rank} has no shard collecting within algo.max_policy_lag")
-        need = min(len(mine), max(1, math.ceil(self.wait_fraction * len(mine))))
+        need = shards_awaited(len(mine), self.wait_fraction)
         receipts = [self.lanes[i].queue[self._target(self.lanes[i])].receipt for i in mine]
         return [mine[j] for j in self.backend.wait(receipts, need)]
 
