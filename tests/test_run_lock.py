@@ -387,7 +387,7 @@ def test_a_holder_whose_lock_was_taken_over_and_given_back_sees_it_lost_and_neve
     holder = Holder(storage, lease=60.0)  # renewed by hand below
     holder.acquire()
     other = RunLock(open_storage(location))
-    assert "forced" in other.acquire(force=True)  # a sweep's start_over, a discarded run, --break-lock that failed early
+    assert "forced" in other.acquire(force=True)  # start_over, a discarded run, a --break-lock that failed early
     other.release()
     holder._renew_once()
     assert holder.lost and not storage.exists("lock.json")  # not written again with the old holder's token
