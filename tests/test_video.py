@@ -251,7 +251,7 @@ def test_the_evaluation_page_names_every_native_task_that_draws_and_none_that_do
     nothing = pictures[pictures.index("An env that draws nothing") :]
     said_to_draw = set(re.findall(r"`(raysim/\w+)`", pictures[: pictures.index("An env that draws nothing")]))
     drawing = set()
-    for env_id in registered():
+    for env_id in (e for e in registered() if e.startswith("raysim/")):  # the packaged ones, not tests' own
         try:
             make(env_id, 1, seed=0).frames(32)
             drawing.add(env_id)

@@ -16,12 +16,9 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from raysim.storage.lock import RunLock
+from typing import Protocol
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]+://")
 
@@ -42,6 +39,14 @@ class RunLockedError(StorageError):
 
 class LeaseLostError(StorageError):
     """A change to a run directory refused because this process does not hold its lock (any more)."""
+
+
+class Fence(Protocol):
+    """What fences a run's changes: its lock (``RunLock``), held by this process or not."""
+
+    def held(self) -> AbstractContextManager[None]:
+        """A context in which this process holds the run (``LeaseLostError`` when it does not)."""
+        ...
 
 
 class Staging:
@@ -65,7 +70,7 @@ class RunStorage:
     location: str  # the local path or URI of the run directory
     is_local: bool
     can_rename = False  # object stores cannot: what a rename would retire is deleted, its marker first
-    fence: RunLock | None = None  # the run lock this process took through this storage (``RunLock.acquire``)
+    fence: Fence | None = None  # the run lock this process took through this storage (``RunLock.acquire``)
 
     @contextmanager
     def fenced(self) -> Iterator[None]:
