@@ -53,6 +53,7 @@ class FakeShard(Handle):
     delay: float = 1.0
     died_at: float = math.inf
     busy_until: float = 0.0
+    seed: int = 0  # what the shard's envs were seeded with
     seq: itertools.count = field(default_factory=itertools.count)
 
     def call(self, method: Any, *args: Any, **kwargs: Any) -> Future:
@@ -81,7 +82,7 @@ class FakeBackend(Backend):
     def create(self, cls: type, *args: Any, options: dict | None = None, **kwargs: Any) -> FakeShard:
         index = kwargs["shard_index"]
         generation = self.created[index] = self.created.get(index, -1) + 1
-        return FakeShard(self, index, generation, self.delays.get(index, 1.0))
+        return FakeShard(self, index, generation, self.delays.get(index, 1.0), seed=kwargs["seed"])
 
     def get(self, value: Any) -> Any:
         if isinstance(value, list):
@@ -225,6 +226,19 @@ def test_an_elastic_shard_lost_without_room_is_removed_and_the_shards_after_it_m
     assert "continuing with 2 shards" in capsys.readouterr().out
     collected = collector.collect("w2", 2)  # the shard created as 2 is index 1 now: rank 1's
     assert chunks(collected.parts) == [[Chunk(0, 0, 2, "w2")], [Chunk(2, 0, 2, "w2")]]
+
+
+def test_shards_added_after_a_resume_play_episodes_no_shard_added_before_them_played():
+    """An elastic shard's seed takes the run's count of shards started (``RunState.shards_started``), as a
+    replacement's does: the shard added as index 2 after a resume is not the one added as index 2 before."""
+    first = collector_of("shards.count=2", "shards.max=3", room=1)
+    first.grow()
+    resumed = collector_of("shards.count=2", "shards.max=3", room=1)
+    resumed.generation = first.generation  # what Trainer restores from the checkpoint's run state
+    resumed.grow()
+    before, after = first.roles.shards[2], resumed.roles.shards[2]
+    assert before.index == after.index == 2 and before.seed != after.seed
+    assert len({s.seed for s in [*first.roles.shards, after]}) == 4
 
 
 def test_recollect_collects_lost_chunks_again_and_leaves_out_lost_stale_ones():

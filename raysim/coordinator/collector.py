@@ -101,7 +101,7 @@ class Collector:
         self.lag = config.algo.max_policy_lag
         self.wait_fraction = config.shards.wait_fraction
         self.faults = 0  # shards replaced after their process died, in this process (``shards.max_restarts``)
-        self.generation = 0  # shards replaced over the run (the run state's ``replacements``, then this process's)
+        self.generation = 0  # shards started after the first ones (the run state's ``shards_started``, then ours)
         self.next_index = config.shards.count  # elastic: the index (and seed) of the next new shard
         self.version = 0  # the learner's version at the batch being formed
         self.lanes = [Lane(deque()) for _ in roles.shards]  # lanes[i]: roles.shards[i]'s
@@ -163,9 +163,13 @@ class Collector:
         """
         config = self.config
         add = min(self.backend.room_for(shard_request(config)), config.shards.max - len(self.lanes))
-        new = [create_shard(self.backend, config, self.next_index + k) for k in range(add)]
+        new = [
+            create_shard(self.backend, config, self.next_index + k, generation=self.generation + 1 + k)
+            for k in range(add)
+        ]
         if not new:
             return
+        self.generation += len(new)  # after a resume, shards added again play episodes none before them played
         self.next_index += len(new)
         self.roles.add_shards(new)
         self.lanes = [*self.lanes, *(Lane(deque(), shard.call(EnvShard.get_state)) for shard in new)]

@@ -46,7 +46,8 @@ def shard_request(config: Config) -> dict[str, float]:
 def create_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:
     """Training shard ``index`` (or evaluation shard ``index``) of ``config``.
 
-    ``generation`` counts replacements of a shard that died: a replacement plays new episodes. Evaluation
+    ``generation`` counts the shards started after the run's first ones (replacements of shards that died,
+    elastic additions) over the run: such a shard plays new episodes. Evaluation
     shards of a run that films its evaluations (``eval.video``) have envs that draw (``with_pictures``).
     """
     num_envs = config.eval.num_envs if evaluation else config.env.num_envs

@@ -27,20 +27,20 @@ class RunState:
     evaluation: Scored | None = None  # the last evaluation
     seconds: float = 0.0  # the run's training seconds (every process's, evaluation excluded): the metrics' time
     unlogged: dict[str, float] = field(default_factory=dict)  # evaluation metrics the next metrics row carries
-    # shards replaced over the run, every process's: a replacement's generation (its seed) is the next one, so one
-    # after a resume never replays the episodes an earlier replacement played
-    replacements: int = 0
+    # shards started after the run's first ones (replacements, elastic additions), every process's: the next one's
+    # generation (its seed) is one more, so one started after a resume never replays an earlier one's episodes
+    shards_started: int = 0
 
-    def advanced(self, env_steps: int, version: int, seconds: float, replacements: int = 0) -> RunState:
+    def advanced(self, env_steps: int, version: int, seconds: float, shards_started: int = 0) -> RunState:
         """The state after one more completed iteration that collected ``env_steps``, at ``seconds`` of training,
-        with ``replacements`` shards replaced so far (never fewer than before)."""
+        with ``shards_started`` shards started so far (never fewer than before)."""
         return replace(
             self,
             iteration=self.iteration + 1,
             env_steps=self.env_steps + env_steps,
             version=version,
             seconds=seconds,
-            replacements=max(self.replacements, replacements),
+            shards_started=max(self.shards_started, shards_started),
         )
 
     def scored(self, mean_return: float | None, metrics: dict[str, float] | None = None) -> RunState:
@@ -55,7 +55,7 @@ class RunState:
     def meta(self) -> dict[str, Any]:
         """The counters a checkpoint's meta.json records."""
         meta: dict[str, Any] = {"iteration": self.iteration, "env_steps": self.env_steps, "version": self.version}
-        meta.update({"seconds": self.seconds, "unlogged": self.unlogged, "replacements": self.replacements})
+        meta.update({"seconds": self.seconds, "unlogged": self.unlogged, "shards_started": self.shards_started})
         if self.evaluation is not None:
             meta["eval_return"] = self.evaluation.mean_return
             meta["evaluated_iteration"] = self.evaluation.iteration
@@ -63,11 +63,11 @@ class RunState:
 
     @classmethod
     def from_checkpoint(cls, meta: dict[str, Any], state: dict[str, Any]) -> RunState:
-        """The state a checkpoint saved (one saved before ``seconds``, ``unlogged`` and ``replacements`` were: 0,
+        """The state a checkpoint saved (one saved before ``seconds``, ``unlogged`` and ``shards_started`` were: 0,
         none and 0)."""
         evaluation = None
         if meta.get("eval_return") is not None:
             evaluation = Scored(int(meta.get("evaluated_iteration", meta["iteration"])), meta["eval_return"])
         counters = (int(meta["iteration"]), int(meta["env_steps"]), int(state["version"]))
         seconds, unlogged = float(meta.get("seconds", 0.0)), dict(meta.get("unlogged", {}))
-        return cls(*counters, evaluation, seconds, unlogged, int(meta.get("replacements", 0)))
+        return cls(*counters, evaluation, seconds, unlogged, int(meta.get("shards_started", 0)))

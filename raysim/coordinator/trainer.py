@@ -184,7 +184,7 @@ class Trainer:
                 write_snapshot(self.storage, cfg)  # a new run: its configs frozen, the task's resources exported
                 ready = Ready(RunState())
             collector.reset()
-            collector.generation = ready.state.replacements  # a replacement plays episodes none before it played
+            collector.generation = ready.state.shards_started  # a new shard plays episodes none before it played
             sinks = self._sinks(ready.state)
             weights = roles.learner.get_weights()
         except BaseException:
