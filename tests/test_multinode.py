@@ -81,15 +81,6 @@ def test_shards_spread_over_nodes_and_a_lost_node_keeps_training_with_exact_batc
 
 
 @pytest.mark.slow
-@scenario("kill")
-def test_a_node_killed_outright_keeps_training_a_replacement_that_dies_before_it_starts_replaced_again(cluster_runs):
-    outcome, out = outcome_of(cluster_runs, "kill")
-    assert "fault: shard" in out and "Traceback" not in out
-    assert outcome["iterations"] == 8 and outcome["steps"] == [4 * PER_ITERATION * (i + 1) for i in range(8)]
-    assert outcome["removed"] in outcome["placement"] and outcome["removed"] not in outcome["final_placement"]
-
-
-@pytest.mark.slow
 @scenario("grow")
 def test_elastic_shards_grow_when_a_node_joins(cluster_runs):
     outcome, out = outcome_of(cluster_runs, "grow")

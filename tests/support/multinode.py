@@ -1,14 +1,12 @@
 """Training on a simulated multi-node Ray cluster (``ray.cluster_utils.Cluster``), in its own process.
 
-    python -m tests.support.multinode RUN_ROOT SCENARIO...      # SCENARIO: remove, kill, grow, lose_chunk:RANKS
+    python -m tests.support.multinode RUN_ROOT SCENARIO...      # SCENARIO: remove, grow, lose_chunk:RANKS
 
 Every scenario is a run of its own (``RUN_ROOT/<scenario>``) on one cluster: one head (the driver, the
 learner ranks), and for each scenario exactly the worker nodes it starts with (nodes alike kept from the
 scenario before, the others removed, more added; a worker node then has no actor of an earlier run).
 
 ``remove``: 4 shards over 3 worker nodes; a worker node is removed mid-run.
-``kill``: as ``remove``, the node killed outright (not drained): Ray takes a while to see it dead, and may place
-a replacement there meanwhile, which dies before it starts.
 ``grow``: 2 shards on one worker node (elastic up to 4); a second node joins mid-run.
 ``lose_chunk:RANKS``: 2 shards on 2 worker nodes, collecting one chunk ahead (``algo.max_policy_lag: 1``),
 ``learner.ranks=RANKS``; shard 0's node is removed once its next chunk finished, before the learner read
@@ -44,14 +42,6 @@ COMMON = [
 ]
 OVERRIDES = {
     "remove": [*COMMON, "shards.count=4", "env.num_envs=4", "algo.num_steps=32", f"train.total_steps={PER_SHARD * 32}"],
-    "kill": [
-        *COMMON,
-        "shards.count=4",
-        "env.num_envs=4",
-        "algo.num_steps=32",
-        f"train.total_steps={PER_SHARD * 32}",
-        "resources_timeout=60",
-    ],
     "grow": [
         *COMMON,
         "shards.count=2",
@@ -71,7 +61,7 @@ OVERRIDES = {
     ],
 }
 # each scenario's worker nodes at its start: (count, CPUs and shard slots of each)
-NODES = {"remove": (3, 2), "kill": (3, 2), "grow": (1, 2), "lose_chunk": (2, 1)}
+NODES = {"remove": (3, 2), "grow": (1, 2), "lose_chunk": (2, 1)}
 
 
 def node_of(shard) -> str:
@@ -97,10 +87,10 @@ class Events:
         self.placement = [node_of(s) for s in shards]
         if self.mode == "lose_chunk":
             self.lose_a_finished_chunk()
-        elif self.mode in ("remove", "kill"):
+        elif self.mode == "remove":
             busiest = max(self.workers, key=lambda n: self.placement.count(n.node_id))
             self.removed = busiest.node_id
-            self.cluster.remove_node(busiest, allow_graceful=self.mode == "remove")
+            self.cluster.remove_node(busiest)
         else:
             self.cluster.add_node(num_cpus=2, resources={"shard": 2})
             self.cluster.wait_for_nodes()
