@@ -102,3 +102,14 @@ def test_a_chunk_lost_with_its_node_before_the_learner_read_it_is_collected_agai
     assert outcome["steps"] == [per_iteration * (i + 1) for i in range(4)]  # every batch of its planned size
     assert outcome["iterations"] == 4 and outcome["env_steps"] == 4 * per_iteration
     assert outcome["removed"] == outcome["placement"][0] and outcome["removed"] not in outcome["final_placement"]
+
+
+@pytest.mark.slow
+@scenario("lose_state")
+def test_a_shard_state_lost_with_its_node_before_the_save_is_saved_without_and_the_run_goes_on(cluster_runs):
+    outcome, out = outcome_of(cluster_runs, "lose_state")
+    assert "shard 0's state of iteration 2 was lost with its node" in out and "Traceback" not in out
+    assert "saved without it; it continues from there with fresh episodes" in out
+    per_iteration = 2 * 4096 * 4  # 2 shards x 4096 rows x 4 steps
+    assert outcome["iterations"] == 4 and outcome["steps"] == [per_iteration * (i + 1) for i in range(4)]
+    assert outcome["removed"] == outcome["placement"][0] and outcome["removed"] not in outcome["final_placement"]

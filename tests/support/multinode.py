@@ -1,6 +1,6 @@
 """Training on a simulated multi-node Ray cluster (``ray.cluster_utils.Cluster``), in its own process.
 
-    python -m tests.support.multinode RUN_ROOT SCENARIO...      # SCENARIO: remove, grow, lose_chunk:RANKS
+    python -m tests.support.multinode RUN_ROOT SCENARIO...      # SCENARIO: remove, grow, lose_chunk:RANKS, lose_state
 
 Every scenario is a run of its own (``RUN_ROOT/<scenario>``) on one cluster: one head (the driver, the
 learner ranks), and for each scenario exactly the worker nodes it starts with (nodes alike kept from the
@@ -11,6 +11,9 @@ scenario before, the others removed, more added; a worker node then has no actor
 ``lose_chunk:RANKS``: 2 shards on 2 worker nodes, collecting one chunk ahead (``algo.max_policy_lag: 1``),
 ``learner.ranks=RANKS``; shard 0's node is removed once its next chunk finished, before the learner read
 it; a new node joins.
+``lose_state``: 2 shards of 4096 rows on 2 worker nodes (a shard's state ~190 KB: in its node's object store);
+shard 0's node is removed once iteration 2 completed, before its checkpoint fetched the shards' states; a new
+node joins.
 
 For each scenario it prints a line ``SCENARIO <name>`` before its run's output, and one line
 ``OUTCOME <json>`` after it: what happened, for the tests to check (``error``: the traceback of a scenario
@@ -59,9 +62,17 @@ OVERRIDES = {
         "algo.max_policy_lag=1",
         f"train.total_steps={2 * 16 * 512 * 4}",
     ],
+    "lose_state": [
+        *COMMON,
+        "shards.count=2",
+        "env.num_envs=4096",
+        "algo.num_steps=4",
+        "checkpoint.every=2",
+        f"train.total_steps={2 * 4096 * 4 * 4}",
+    ],
 }
 # each scenario's worker nodes at its start: (count, CPUs and shard slots of each)
-NODES = {"remove": (3, 2), "grow": (1, 2), "lose_chunk": (2, 1)}
+NODES = {"remove": (3, 2), "grow": (1, 2), "lose_chunk": (2, 1), "lose_state": (2, 1)}
 
 
 def node_of(shard) -> str:
@@ -81,12 +92,14 @@ class Events:
     def write(self, record: dict) -> None:
         self.steps.append(int(record["env_steps"]))
         self.final_placement = [node_of(s) for s in self.trainer.session.roles.shards]
-        if record["iteration"] != (2 if self.mode == "lose_chunk" else 3):
+        if record["iteration"] != (2 if self.mode in ("lose_chunk", "lose_state") else 3):
             return
         shards = self.trainer.session.roles.shards
         self.placement = [node_of(s) for s in shards]
         if self.mode == "lose_chunk":
             self.lose_a_finished_chunk()
+        elif self.mode == "lose_state":  # the iteration is complete, its checkpoint not yet saved
+            self.replace_node(next(n for n in self.workers if n.node_id == self.placement[0]))
         elif self.mode == "remove":
             busiest = max(self.workers, key=lambda n: self.placement.count(n.node_id))
             self.removed = busiest.node_id
@@ -100,9 +113,12 @@ class Events:
         before the learner reads it. A new node takes its place."""
         ahead = [launch.receipt for launch in self.trainer.session.collector.lanes[0].queue]
         ray.wait(ahead, num_returns=len(ahead), fetch_local=False)
-        lost = next(n for n in self.workers if n.node_id == self.placement[0])
-        self.removed = lost.node_id
-        self.cluster.remove_node(lost)
+        self.replace_node(next(n for n in self.workers if n.node_id == self.placement[0]))
+
+    def replace_node(self, node) -> None:
+        """``node`` goes (what its object store held is lost); a new one takes its place."""
+        self.removed = node.node_id
+        self.cluster.remove_node(node)
         self.cluster.add_node(num_cpus=1, resources={"shard": 1})
 
     def close(self) -> None:
