@@ -16,6 +16,7 @@ from raysim.envs import make, stacked
 from raysim.envs.errors import CannotRender, EnvOptionError, MissingDependencyError, UnknownEnvError
 from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.messages import captured
+from raysim.envs.registry import row_multiple
 from raysim.envs.spaces import is_image_space
 from raysim.models import ActorCritic, ModelConfig
 from raysim.storage import is_uri, unwritable
@@ -24,14 +25,24 @@ from raysim.storage import is_uri, unwritable
 IMAGE_SETTINGS = ("cnn", "cnn_features", "shared_encoders")
 
 
+class RowCountError(Exception):
+    """A row count that is not a multiple of what the task needs (``row_multiple``)."""
+
+
 def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]:
     """Build one row of the env and the model of ``config``; a ``ConfigError`` naming the key when it fails.
     Returns the env's observation spaces and action space (the learner is built from them). A setting that
     can have no effect refuses a ``new_run``; a run trained with it (a resume, an evaluation) only hears of it."""
     env_id = config.env.id
     try:
+        rows = row_multiple(env_id, config.env.kwargs)  # 1 but for a task over the rows (K tasks: K rows)
+        for key, count in (("env.num_envs", config.env.num_envs), ("eval.num_envs", config.eval.num_envs)):
+            if count % rows:
+                raise RowCountError(f"{key}: {count} is not a multiple of {rows} ({env_id}: one row per task)")
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
-            env = make(env_id, 1, seed=0, **config.env.kwargs)
+            env = make(env_id, rows, seed=0, **config.env.kwargs)
+    except RowCountError as error:
+        raise ConfigError(str(error)) from None
     except (UnknownEnvError, MissingDependencyError) as error:
         raise ConfigError(f"env.id: {one_line(error)}") from error
     except EnvOptionError as error:

@@ -233,8 +233,14 @@ def with_pictures(env_id: str, options: dict[str, Any]) -> dict[str, Any]:
 def register_namespace(gym_id: str) -> None:
     """Import the package that registers ``gym_id`` (``ale_py`` for ``ALE/...`` ids, and for an unregistered id
     without a namespace when ale-py is installed); a ``MissingDependencyError`` saying what to install when the
-    namespace's package is not installed."""
+    namespace's package is not installed. Meta-World's ids are refused: raysim runs it natively
+    (``raysim/MetaWorld``)."""
     namespace = gym_id.split("/")[0] if "/" in gym_id else None
+    if namespace == "Meta-World":
+        raise UnknownEnvError(
+            f"gym:{gym_id}: Meta-World's Gymnasium envs ignore reset seeds; use env.id raysim/MetaWorld "
+            "(env.kwargs: benchmark MT1 / MT10 / MT50, tasks, goals; needs raysim[metaworld])"
+        )
     if namespace is None and gym_id not in gym.registry and _installed("ale_py"):
         namespace = "ALE"  # ale-py also registers ids without a namespace (BreakoutNoFrameskip-v4)
     if namespace not in NAMESPACE_PACKAGES:

@@ -66,6 +66,13 @@ def export_resources(env_id: str, options: dict[str, Any], directory: Path) -> d
     return hook(materialize(env_id, options), directory) if hook is not None else copy.deepcopy(options)
 
 
+def row_multiple(env_id: str, options: dict[str, Any]) -> int:
+    """What every row count of ``env_id`` must be a multiple of (its ``row_multiple`` hook: a task over the rows,
+    ``raysim/MetaWorld``'s K tasks); 1 for the others."""
+    hook = None if env_id.startswith("gym:") else getattr(factory(env_id), "row_multiple", None)
+    return 1 if hook is None else int(hook(copy.deepcopy(options)))
+
+
 def make(env_id: str, num_envs: int, seed: int | None = None, evaluation: bool = False, **kwargs: Any) -> BatchedEnv:
     """Build ``num_envs`` rows of ``env_id`` (``raysim/<Name>`` or ``gym:<Gymnasium id>``).
 

@@ -1,0 +1,124 @@
+"""``raysim/MetaWorld``: Meta-World's Sawyer tasks as a native batched env (needs ``raysim[metaworld]``).
+
+Each test builds few rows (a Sawyer env costs ~0.2 s) and plays short episodes.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.envs import make
+from raysim.envs.errors import MissingDependencyError, UnknownEnvError
+
+pytest.importorskip("metaworld")
+
+ENV = "raysim/MetaWorld"
+
+
+def expert_episode(env, row_seeds: list[int], steps: int) -> list:
+    """Play the push-v3 expert (``metaworld.policies``) in every row from ``row_seeds`` for ``steps`` steps;
+    the steps in which episodes ended, in order."""
+    from metaworld.policies import ENV_POLICY_MAP
+
+    policy = ENV_POLICY_MAP["push-v3"]()
+    obs = env.reset_rows(torch.arange(env.num_envs), row_seeds)["policy"]
+    ended = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the expert's "Constant(s) may be too high"
+        for _ in range(steps):
+            actions = np.stack([policy.get_action(row[:39].numpy().astype(np.float64)) for row in obs])
+            step = env.step(torch.as_tensor(actions, dtype=torch.float32))
+            obs = step.obs["policy"]
+            if step.done_rows.numel():
+                ended.append(step)
+    return ended
+
+
+@pytest.mark.parametrize("goals", ["benchmark", "sampled"])
+def test_a_row_reset_from_a_seed_is_exact_whatever_the_row_its_history_or_the_layout(goals):
+    env = make(ENV, 3, seed=0, tasks="push-v3", goals=goals, max_episode_steps=50)
+    first = env.reset_rows(torch.tensor([0, 2]), [7, 7])["policy"].clone()
+    assert torch.equal(first[0], first[2])
+    actions = (torch.rand(1, 4, generator=torch.Generator().manual_seed(1)) * 2 - 1).expand(3, 4)  # equal rows
+    for _ in range(5):
+        env.step(actions)
+    again = env.reset_rows(torch.tensor([1]), [7])["policy"][1].clone()
+    assert torch.equal(again, first[0])  # another row, after other steps: the same goal and initial state
+    other = make(ENV, 1, seed=123, tasks="push-v3", goals=goals, max_episode_steps=50)
+    assert torch.equal(other.reset_rows(torch.tensor([0]), [7])["policy"][0], first[0])  # another env, one row
+    trajectory = [other.step(actions[:1]).obs["policy"][0].clone() for _ in range(3)]
+    env.reset_rows(torch.tensor([1]), [7])
+    assert all(torch.equal(env.step(actions).obs["policy"][1], seen) for seen in trajectory)  # same actions, same steps
+    goals_of = [tuple(env.reset_rows(torch.tensor([0]), [s])["policy"][0, -3:].tolist()) for s in range(6)]
+    assert len(set(goals_of)) == 6  # other seeds, other goals
+    env.close()
+    other.close()
+
+
+def test_rows_play_task_row_mod_k_and_the_policy_sees_the_one_hot_task_id():
+    env = make(ENV, 4, seed=0, benchmark=None, tasks=["reach-v3", "push-v3"], max_episode_steps=10)
+    assert env.tasks == ["reach-v3", "push-v3"] and env.task_of_row.tolist() == [0, 1, 0, 1]
+    assert [type(e).__name__ for e in env.envs] == ["SawyerReachEnvV3", "SawyerPushEnvV3"] * 2
+    obs = env.reset(seed=3)["policy"]
+    assert obs.shape == (4, 39 + 2) and env.observation_spaces["policy"].shape == (41,)
+    assert obs[:, 39:].tolist() == [[1, 0], [0, 1], [1, 0], [0, 1]]
+    step = env.step(torch.zeros(4, 4))
+    assert step.obs["policy"][:, 39:].tolist() == [[1, 0], [0, 1], [1, 0], [0, 1]]  # kept past a step
+    env.close()
+    single = make(ENV, 1, seed=0, tasks="reach-v3", max_episode_steps=10)
+    assert single.observation_spaces["policy"].shape == (39,)  # one task: no one-hot
+    single.close()
+    with pytest.raises(ValueError, match="num_envs 3 is not a multiple of the 2 tasks"):
+        make(ENV, 3, benchmark=None, tasks=["reach-v3", "push-v3"])
+
+
+def test_success_counts_at_any_step_when_the_push_expert_succeeds_midway_and_drifts_off():
+    env = make(ENV, 1, seed=0, tasks="push-v3", max_episode_steps=220)
+    (step,) = expert_episode(env, [9], 220)  # seed 9: success from step 69, lost again at step 208
+    assert bool(step.truncated[0]) and not bool(step.terminated[0])
+    assert step.episodes["success"].tolist() == [True] and step.episodes["final_success"].tolist() == [False]
+    env.close()
+
+
+def test_end_on_success_terminates_an_episode_at_its_first_success():
+    env = make(ENV, 1, seed=0, tasks="push-v3", max_episode_steps=220, end_on_success=True)
+    step = expert_episode(env, [9], 220)[0]
+    assert bool(step.terminated[0]) and not bool(step.truncated[0])
+    assert step.episodes["length"].tolist() == [69] and step.episodes["success"].tolist() == [True]
+    env.close()
+
+
+def test_gym_meta_world_ids_are_refused_in_one_line_naming_the_native_id():
+    with pytest.raises(UnknownEnvError, match="use env.id raysim/MetaWorld") as error:
+        make("gym:Meta-World/MT1", 2, env_name="reach-v3")
+    assert "\n" not in str(error.value)
+
+
+def test_without_the_package_the_env_says_which_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "metaworld", None)
+    with pytest.raises(MissingDependencyError, match=r'pip install "raysim\[metaworld\]"'):
+        make(ENV, 1, tasks="reach-v3")
+
+
+def test_a_tiny_local_run_saves_resumes_and_refuses_row_counts_off_the_tasks(tmp_path, capsys):
+    from raysim.cli import main
+
+    run = tmp_path / "run"
+    tiny = ["env.id=raysim/MetaWorld", "env.kwargs={tasks: [reach-v3], max_episode_steps: 20}", "env.num_envs=2"]
+    tiny += ["algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=1", "train.total_steps=96"]
+    tiny += ["train.log_every=1", "eval.every=2", "eval.episodes=2", "eval.num_envs=2", "train.sinks=[parquet]"]
+    sets = [a for item in [*tiny, "train.stop_after=2"] for a in ("--set", item)]
+    assert main(["train", "--local", "--run-dir", str(run), *sets]) == 0
+    assert (run / "checkpoints" / "2").is_dir() and (run / "resources" / "goal_table.npy").is_file()
+    capsys.readouterr()
+    assert main(["resume", str(run), "--local"]) == 0
+    out = capsys.readouterr().out
+    assert "saved iteration 3 (96 env steps)" in out and "success: " in out
+    two_tasks = ["--set", "env.kwargs={benchmark: null, tasks: [reach-v3, push-v3]}", "--set", "eval.num_envs=3"]
+    assert main(["train", "--local", "--run-dir", str(tmp_path / "other"), *sets, *two_tasks]) == 2
+    assert "eval.num_envs: 3 is not a multiple of 2" in capsys.readouterr().err
