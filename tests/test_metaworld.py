@@ -77,12 +77,26 @@ def test_rows_play_task_row_mod_k_and_the_policy_sees_the_one_hot_task_id():
         make(ENV, 3, benchmark=None, tasks=["reach-v3", "push-v3"])
 
 
-def test_success_counts_at_any_step_when_the_push_expert_succeeds_midway_and_drifts_off():
-    env = make(ENV, 1, seed=0, tasks="push-v3", max_episode_steps=220)
+@pytest.mark.parametrize("how", [None, "any", "final"])
+def test_success_counts_at_any_step_when_the_push_expert_succeeds_midway_and_drifts_off(how):
+    env = make(ENV, 1, seed=0, tasks="push-v3", max_episode_steps=220, success=how)
     (step,) = expert_episode(env, [9], 220)  # seed 9: success from step 69, lost again at step 208
     assert bool(step.truncated[0]) and not bool(step.terminated[0])
-    assert step.episodes["success"].tolist() == [True] and step.episodes["final_success"].tolist() == [False]
+    assert step.episodes["success"].tolist() == [how != "final"]  # Meta-World counts any step by default
     env.close()
+
+
+def test_env_success_reaches_the_shards_env_and_is_no_part_of_the_env_identity():
+    from raysim.identity import env_identity
+    from raysim.rollout import EnvShard
+
+    options = {"tasks": ["reach-v3"], "max_episode_steps": 5}
+    shard = EnvShard(ENV, 1, seed=0, env_kwargs=options, success="final")
+    assert shard.env.success_count == "final"
+    shard.env.close()
+    for success in ("any", "final"):
+        same = env_identity({"id": ENV, "kwargs": options, "success": success})[0]
+        assert same == env_identity({"id": ENV, "kwargs": options})[0]
 
 
 def test_end_on_success_terminates_an_episode_at_its_first_success():
@@ -122,3 +136,5 @@ def test_a_tiny_local_run_saves_resumes_and_refuses_row_counts_off_the_tasks(tmp
     two_tasks = ["--set", "env.kwargs={benchmark: null, tasks: [reach-v3, push-v3]}", "--set", "eval.num_envs=3"]
     assert main(["train", "--local", "--run-dir", str(tmp_path / "other"), *sets, *two_tasks]) == 2
     assert "eval.num_envs: 3 is not a multiple of 2" in capsys.readouterr().err
+    assert main(["train", "--local", "--run-dir", str(tmp_path / "bad"), *sets, "--set", "env.success=sometimes"]) == 2
+    assert "env.success must be one of ['any', 'final'], got 'sometimes'" in capsys.readouterr().err

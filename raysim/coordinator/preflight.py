@@ -40,7 +40,7 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
             if count % rows:
                 raise RowCountError(f"{key}: {count} is not a multiple of {rows} ({env_id}: one row per task)")
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
-            env = make(env_id, rows, seed=0, **config.env.kwargs)
+            env = make(env_id, rows, seed=0, success=config.env.success, **config.env.kwargs)
     except RowCountError as error:
         raise ConfigError(str(error)) from None
     except (UnknownEnvError, MissingDependencyError) as error:

@@ -22,9 +22,10 @@ seeds, equal goals and initial states), and auto-resets draw it from the env's g
 own reset is deterministic given the goal vector (it resets MuJoCo's data and re-runs the hand).
 
 Episodes. ``max_episode_steps`` (500, Meta-World's ``max_path_length``) truncates. ``success`` in the
-report is Meta-World's ``info["success"]`` **at any step** of the episode (the benchmark's count);
-``final_success`` is the flag at the last step. ``end_on_success``: an episode terminates at its first
-success (Meta-World's evaluation protocol). Reward: Meta-World's, of ``reward_version`` (v2, or v1).
+report is Meta-World's ``info["success"]`` set **at any step** of the episode (the benchmark's count), or
+the flag at the last step under ``env.success: final`` (``count_success``). ``end_on_success``: an episode
+terminates at its first success (Meta-World's evaluation protocol). Reward: Meta-World's, of
+``reward_version`` (v2, or v1).
 
 Observations: ``policy``, Meta-World's 39 values (hand, gripper, objects, the previous frame's, the
 goal: goal-observable as in the MT benchmarks) as float32, then the one-hot task id when K > 1.
@@ -115,6 +116,7 @@ class MetaWorld(TorchEnv):
 
     env_id = ENV_ID
     defines_success = True
+    success_count = "any"  # the benchmark's count; ``env.success: final`` reads the flag at the last step
 
     def __init__(
         self,
@@ -240,10 +242,8 @@ class MetaWorld(TorchEnv):
         return {"policy": self.obs}
 
     def _episode_report(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {
-            "success": self.succeeded.index_select(0, rows),  # at any step: the benchmark's count
-            "final_success": self.success_now.index_select(0, rows),
-        }
+        flags = self.succeeded if self.success_count == "any" else self.success_now
+        return {"success": flags.index_select(0, rows)}
 
     def get_state(self) -> None:
         """None: the rows' MuJoCo states are not saved (a resumed shard starts fresh episodes)."""

@@ -66,6 +66,7 @@ class EnvShard:
         on_nonfinite: str = "raise",
         frame_stack: FrameStackConfig | dict | None = None,
         evaluation: bool = False,
+        success: str | None = None,
     ):
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -75,7 +76,7 @@ class EnvShard:
         self.on_nonfinite = on_nonfinite
         self.seed = seed
         with captured() as self.messages:  # said once by the driver, not once per shard (envs.messages)
-            env = make(env_id, num_envs, seed=seed, evaluation=evaluation, **dict(env_kwargs or {}))
+            env = make(env_id, num_envs, seed=seed, evaluation=evaluation, success=success, **dict(env_kwargs or {}))
             self.env = stacked(env, frame_stack)
         model = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
         self.actor = Actor(self.env.observation_spaces, self.env.action_space, model)
