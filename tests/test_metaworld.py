@@ -119,22 +119,94 @@ def test_without_the_package_the_env_says_which_extra_to_install(monkeypatch):
         make(ENV, 1, tasks="reach-v3")
 
 
-def test_a_tiny_local_run_saves_resumes_and_refuses_row_counts_off_the_tasks(tmp_path, capsys):
-    from raysim.cli import main
+def test_a_tiny_local_run_stopped_and_resumed_ends_as_the_uninterrupted_run(tmp_path, capsys):
+    import pyarrow.parquet as pq
 
-    run = tmp_path / "run"
+    from raysim.checkpoint import Checkpoints
+    from raysim.cli import main
+    from raysim.records import read_metrics
+    from raysim.storage import LocalStorage, open_storage
+
     tiny = ["env.id=raysim/MetaWorld", "env.kwargs={tasks: [reach-v3], max_episode_steps: 20}", "env.num_envs=2"]
     tiny += ["algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=1", "train.total_steps=96"]
     tiny += ["train.log_every=1", "eval.every=2", "eval.episodes=2", "eval.num_envs=2", "train.sinks=[parquet]"]
-    sets = [a for item in [*tiny, "train.stop_after=2"] for a in ("--set", item)]
-    assert main(["train", "--local", "--run-dir", str(run), *sets]) == 0
+    sets = [a for item in tiny for a in ("--set", item)]
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    assert main(["train", "--local", "--run-dir", str(run), *sets, "--set", "train.stop_after=2"]) == 0
     assert (run / "checkpoints" / "2").is_dir() and (run / "resources" / "goal_table.npy").is_file()
     capsys.readouterr()
-    assert main(["resume", str(run), "--local"]) == 0
+    assert main(["resume", str(run), "--local"]) == 0  # the rows stopped mid-episode (step 12 of 20)
     out = capsys.readouterr().out
-    assert "saved iteration 3 (96 env steps)" in out and "success: " in out
-    two_tasks = ["--set", "env.kwargs={benchmark: null, tasks: [reach-v3, push-v3]}", "--set", "eval.num_envs=3"]
-    assert main(["train", "--local", "--run-dir", str(tmp_path / "other"), *sets, *two_tasks]) == 2
-    assert "eval.num_envs: 3 is not a multiple of 2" in capsys.readouterr().err
-    assert main(["train", "--local", "--run-dir", str(tmp_path / "bad"), *sets, "--set", "env.success=sometimes"]) == 2
+    assert "shards continue exactly" in out and "saved iteration 3 (96 env steps)" in out and "success: " in out
+    assert main(["train", "--local", "--run-dir", str(straight), *sets]) == 0
+
+    def metrics(path):
+        timing = ("time", "steps_per_s", "time_collect", "time_update", "time_eval", "time_checkpoint")
+        return [{k: v for k, v in row.items() if k not in timing} for row in read_metrics(open_storage(path))]
+
+    assert metrics(run) == metrics(straight)
+    (_, a, _), (_, b, _) = (Checkpoints(LocalStorage(p)).newest_intact(announce=False) for p in (run, straight))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+    for name in ("2.parquet", "3.parquet"):
+        assert pq.read_table(run / "eval" / name).to_pylist() == pq.read_table(straight / "eval" / name).to_pylist()
+
+
+def test_row_counts_off_the_tasks_and_a_wrong_success_count_are_refused_in_one_line(tmp_path, capsys):
+    from raysim.cli import main
+
+    tiny = ["env.id=raysim/MetaWorld", "env.kwargs={benchmark: null, tasks: [reach-v3, push-v3]}"]
+    sets = [a for item in tiny for a in ("--set", item)]
+    assert main(["train", "--local", "--run-dir", str(tmp_path / "a"), *sets, "--set", "eval.num_envs=3"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("eval.num_envs: 3 is not a multiple of 2 (raysim/MetaWorld: one row per task)")
+    )
+    assert main(["train", "--local", "--run-dir", str(tmp_path / "b"), *sets, "--set", "env.success=sometimes"]) == 2
     assert "env.success must be one of ['any', 'final'], got 'sometimes'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("goals", ["benchmark", "sampled"])
+def test_an_evaluation_over_two_tasks_plays_the_same_episodes_on_any_layout(goals):
+    from raysim.actors import LocalBackend
+    from raysim.evaluation import EvalSpec, evaluate_on_shards
+    from raysim.models.networks import ActorCritic, ModelConfig
+    from raysim.rollout import EnvShard
+
+    options = {"benchmark": None, "tasks": ["reach-v3", "push-v3"], "goals": goals, "max_episode_steps": 6}
+    torch.manual_seed(0)
+    probe = EnvShard(ENV, 2, env_kwargs=options)
+    weights = {"version": 1, "actor": ActorCritic(*probe.spaces()[:2], ModelConfig()).actor.state_dict()}
+    probe.env.close()
+    spec = EvalSpec(episodes=8, seed=4, max_steps=100, deterministic=False)
+    records, backend = [], LocalBackend()
+    for layout in ([2], [2, 2], [4]):  # shards x rows, each a multiple of the 2 tasks
+
+        def make_shard(i: int, layout: list[int] = layout):
+            return backend.create(EnvShard, ENV, layout[i], seed=i, env_kwargs=options)
+
+        shards = [make_shard(i) for i in range(len(layout))]
+        report = evaluate_on_shards(backend, make_shard, shards, layout, weights, spec)
+        records.append({r["episode"]: {k: v for k, v in r.items() if k not in ("row", "step")} for r in report.records})
+        for shard in shards:
+            shard.instance.env.close()
+    assert sorted(records[0]) == list(range(8)) and records[1] == records[0] and records[2] == records[0]
+    assert len({r["return"] for r in records[0].values()}) == 8  # distinct episodes
+
+
+def test_a_restored_state_continues_every_rows_episode_exactly():
+    options = {"benchmark": None, "tasks": ["reach-v3", "push-v3"], "max_episode_steps": 8}
+    env = make(ENV, 2, seed=1, **options)
+    actions = [torch.rand(2, 4, generator=torch.Generator().manual_seed(t)) * 2 - 1 for t in range(20)]
+    for a in actions[:5]:
+        env.step(a)
+    saved = env.get_state()
+    other = make(ENV, 2, seed=99, **options)
+    other.set_state(saved)
+    assert torch.equal(other.obs, env.obs)
+    for a in actions[5:]:  # past the step limit: the auto-resets draw the same seeds too
+        mine, theirs = env.step(a), other.step(a)
+        assert torch.equal(mine.obs["policy"], theirs.obs["policy"]) and torch.equal(mine.reward, theirs.reward)
+        assert torch.equal(mine.done_rows, theirs.done_rows)
+    env.close()
+    other.close()

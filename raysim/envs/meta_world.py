@@ -29,8 +29,8 @@ terminates at its first success (Meta-World's evaluation protocol). Reward: Meta
 
 Observations: ``policy``, Meta-World's 39 values (hand, gripper, objects, the previous frame's, the
 goal: goal-observable as in the MT benchmarks) as float32, then the one-hot task id when K > 1.
-Actions ``[N, 4]`` in ``[-1, 1]`` (clipped). The env cannot save its rows' MuJoCo states
-(``get_state`` None): a resumed shard starts fresh episodes.
+Actions ``[N, 4]`` in ``[-1, 1]`` (clipped). Checkpoints: a row's state is its episode's seed and the actions
+it took so far; ``set_state`` replays them (MuJoCo is deterministic), so a resumed shard continues exactly.
 """
 
 from __future__ import annotations
@@ -117,6 +117,8 @@ class MetaWorld(TorchEnv):
     env_id = ENV_ID
     defines_success = True
     success_count = "any"  # the benchmark's count; ``env.success: final`` reads the flag at the last step
+    #: a row's state is its episode's seed and the actions it took (``set_state`` replays them)
+    state_keys = ("episode_seed", "actions_taken", "succeeded", "success_now")
 
     def __init__(
         self,
@@ -157,6 +159,8 @@ class MetaWorld(TorchEnv):
             self.obs[torch.arange(N), OBS_SIZE + self.task_of_row] = 1.0
         self.succeeded = torch.zeros(N, dtype=torch.bool)  # at any step of the running episode
         self.success_now = torch.zeros(N, dtype=torch.bool)  # at its latest step
+        self.episode_seed = torch.zeros(N, dtype=torch.int64)  # each row's running episode started from it
+        self.actions_taken = torch.zeros(N, self.max_episode_steps, 4)  # and took these actions (clipped)
         space = self.envs[0].sawyer_observation_space  # goal-observable bounds
         low = np.concatenate([space.low, np.zeros(width - OBS_SIZE)]).astype(np.float32)
         high = np.concatenate([space.high, np.ones(width - OBS_SIZE)]).astype(np.float32)
@@ -217,6 +221,7 @@ class MetaWorld(TorchEnv):
     def _reset_row(self, row: int, seed: int) -> None:
         """Start row ``row``'s episode from ``seed``: the goal (and so the initial state) is the seed's."""
         env, rng = self.envs[row], np.random.default_rng(seed)
+        self.episode_seed[row] = seed
         if self.goal_table is None:  # Meta-World's own draw from the task's goal space, on our generator
             env._freeze_rand_vec, env.seeded_rand_vec, env.np_random = False, True, rng
         else:
@@ -226,7 +231,9 @@ class MetaWorld(TorchEnv):
         self.obs[row, :OBS_SIZE] = torch.from_numpy(obs.astype(np.float32))
 
     def _advance(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        action = actions.detach().to("cpu", torch.float32).clamp(-1.0, 1.0).numpy()
+        clipped = actions.detach().to("cpu", torch.float32).clamp(-1.0, 1.0)
+        self.actions_taken[self._all_rows, self.episode_length] = clipped
+        action = clipped.numpy()
         reward = np.zeros(self.num_envs, dtype=np.float32)
         success = np.zeros(self.num_envs, dtype=bool)
         for row, env in enumerate(self.envs):
@@ -245,9 +252,15 @@ class MetaWorld(TorchEnv):
         flags = self.succeeded if self.success_count == "any" else self.success_now
         return {"success": flags.index_select(0, rows)}
 
-    def get_state(self) -> None:
-        """None: the rows' MuJoCo states are not saved (a resumed shard starts fresh episodes)."""
-        return None
+    def set_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore a ``get_state`` result (counters, success flags, generator), then replay every row's episode from
+        its seed with the actions it took (MuJoCo is deterministic: the same states, bitwise)."""
+        super().set_state(state)
+        for row, env in enumerate(self.envs):
+            self._reset_row(row, int(self.episode_seed[row]))
+            for action in self.actions_taken[row, : int(self.episode_length[row])].numpy():
+                obs = env.step(action)[0]
+                self.obs[row, :OBS_SIZE] = torch.from_numpy(obs.astype(np.float32))
 
     def close(self) -> None:
         for env in self.envs:
