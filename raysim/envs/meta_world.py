@@ -227,8 +227,7 @@ class MetaWorld(TorchEnv):
         else:
             vector = self.goal_table[int(self.task_of_row[row]), int(rng.integers(NUM_GOALS))]
             env._freeze_rand_vec, env._last_rand_vec = True, vector[~np.isnan(vector)].copy()
-        obs, _ = env.reset()
-        self.obs[row, :OBS_SIZE] = torch.from_numpy(obs.astype(np.float32))
+        self.obs.numpy()[row, :OBS_SIZE] = env.reset()[0]  # the tensor's memory, cast to float32
 
     def _advance(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         clipped = actions.detach().to("cpu", torch.float32).clamp(-1.0, 1.0)
@@ -236,10 +235,10 @@ class MetaWorld(TorchEnv):
         action = clipped.numpy()
         reward = np.zeros(self.num_envs, dtype=np.float32)
         success = np.zeros(self.num_envs, dtype=bool)
+        obs = self.obs.numpy()  # the tensor's memory: rows written in place, cast to float32
         for row, env in enumerate(self.envs):
-            obs, reward[row], _, _, info = env.step(action[row])
+            obs[row, :OBS_SIZE], reward[row], _, _, info = env.step(action[row])
             success[row] = bool(info["success"])
-            self.obs[row, :OBS_SIZE] = torch.from_numpy(obs.astype(np.float32))
         self.success_now.copy_(torch.from_numpy(success))
         self.succeeded |= self.success_now
         terminated = self.success_now.clone() if self.end_on_success else torch.zeros_like(self.success_now)
@@ -259,8 +258,7 @@ class MetaWorld(TorchEnv):
         for row, env in enumerate(self.envs):
             self._reset_row(row, int(self.episode_seed[row]))
             for action in self.actions_taken[row, : int(self.episode_length[row])].numpy():
-                obs = env.step(action)[0]
-                self.obs[row, :OBS_SIZE] = torch.from_numpy(obs.astype(np.float32))
+                self.obs.numpy()[row, :OBS_SIZE] = env.step(action)[0]
 
     def close(self) -> None:
         for env in self.envs:
