@@ -86,7 +86,7 @@ def test_success_counts_at_any_step_when_the_push_expert_succeeds_midway_and_dri
     env.close()
 
 
-def test_env_success_reaches_the_shards_env_and_is_no_part_of_the_env_identity():
+def test_env_success_reaches_the_shards_env_and_is_no_part_of_the_env_identity_which_the_tasks_are():
     from raysim.identity import env_identity
     from raysim.rollout import EnvShard
 
@@ -97,6 +97,10 @@ def test_env_success_reaches_the_shards_env_and_is_no_part_of_the_env_identity()
     for success in ("any", "final"):
         same = env_identity({"id": ENV, "kwargs": options, "success": success})[0]
         assert same == env_identity({"id": ENV, "kwargs": options})[0]
+    as_string = env_identity({"id": ENV, "kwargs": {**options, "tasks": "reach-v3"}})[0]
+    other_task = env_identity({"id": ENV, "kwargs": {**options, "tasks": ["push-v3"]}})[0]
+    sampled = env_identity({"id": ENV, "kwargs": {**options, "goals": "sampled"}})[0]
+    assert as_string == same and len({same, other_task, sampled}) == 3  # the tasks and goals are the env's
 
 
 def test_end_on_success_terminates_an_episode_at_its_first_success():
