@@ -367,11 +367,18 @@ def split_checkpoint(location: str | Path) -> tuple[str, Checkpoint] | None:
     """``(run location, checkpoint)`` when ``location`` is a checkpoint directory (``.../checkpoints/<name>``); a
     URI's query options (``s3://bucket/run/checkpoints/12?endpoint_override=...``) stay with the run's location."""
     found = _split_checkpoint(str(location))
-    if found is None and is_uri(str(location)) and "?" in str(location):
-        path, _, query = str(location).partition("?")
-        found = _split_checkpoint(path)
-        found = None if found is None else (f"{found[0]}?{query}", found[1])
+    path, query = _query_apart(str(location))
+    if found is None and query and (found := _split_checkpoint(path)):
+        found = (found[0] + query, found[1])
     return found
+
+
+def _query_apart(text: str) -> tuple[str, str]:
+    """A URI without its query options, and those options (``?...``; nothing for a local path)."""
+    if is_uri(text) and "?" in text:
+        path, _, query = text.partition("?")
+        return path, f"?{query}"
+    return text, ""
 
 
 def _split_checkpoint(text: str) -> tuple[str, Checkpoint] | None:
@@ -386,12 +393,9 @@ def _split_checkpoint(text: str) -> tuple[str, Checkpoint] | None:
 def load_directory(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(state, meta)`` of a checkpoint directory anywhere (a copy handed to Ray Tune), verified against its
     manifest; it need not sit under a run's ``checkpoints/``."""
-    text, query = str(path), ""
-    if is_uri(text) and "?" in text:
-        text, _, query = text.partition("?")
+    text, query = _query_apart(str(path))
     parent, _, name = text.rstrip("/").rpartition("/")
-    parent = f"{parent}?{query}" if query else parent
-    return Checkpoints(open_storage(parent or ".")).load(Checkpoint(0, 0, name, folder=""))
+    return Checkpoints(open_storage(parent + query if parent else ".")).load(Checkpoint(0, 0, name, folder=""))
 
 
 def copy_files(storage: RunStorage, checkpoint: Checkpoint, folder: Path) -> Path:

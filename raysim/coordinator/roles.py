@@ -78,8 +78,13 @@ def start_shard(backend: Backend, config: Config, index: int, evaluation: bool =
     on a node that was going) is replaced within that time too."""
     shards = [create_shard(backend, config, index, evaluation, generation)]
     what = f"replacement for {'evaluation ' if evaluation else ''}shard {index}"
-    again = lambda _: create_shard(backend, config, index, evaluation, generation)  # noqa: E731 - it never played
-    backend.wait_started(shards, EnvShard.spaces, what, config.resources_timeout, replace=again)
+    backend.wait_started(  # one that died before it started never played: the same shard again
+        shards,
+        EnvShard.spaces,
+        what,
+        config.resources_timeout,
+        replace=lambda _: create_shard(backend, config, index, evaluation, generation),
+    )
     return shards[0]
 
 
@@ -121,8 +126,13 @@ def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) 
     learner = None
     try:
         learner = create_learner(backend, config, spaces, horizon)
-        again = lambda i: create_shard(backend, config, i)  # noqa: E731
-        started = backend.wait_started(shards, EnvShard.spaces, "shards", config.resources_timeout, replace=again)
+        started = backend.wait_started(
+            shards,
+            EnvShard.spaces,
+            "shards",
+            config.resources_timeout,
+            replace=lambda i: create_shard(backend, config, i),
+        )
     except TimeoutError as error:
         for handle in [*shards, *(learner.handles if learner else [])]:  # none is left waiting for room
             backend.kill(handle)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from raysim.actors import Backend
+from raysim.actors import Backend, Handle
 from raysim.learner.learner import Learner
 
 
@@ -33,7 +33,10 @@ class LearnerGroup:
             raise ValueError("learner.ranks > 1 needs the Ray backend (each rank is its own process)")
         self.backend = backend
         self.snapshots: list[Any] = []  # the last update's snapshot of every rank (futures / object refs)
-        rank = lambda r: backend.create(Learner, rank=r, world_size=ranks, options=options, **learner)  # noqa: E731
+
+        def rank(r: int) -> Handle:
+            return backend.create(Learner, rank=r, world_size=ranks, options=options, **learner)
+
         self.handles = [rank(r) for r in range(ranks)]
         try:
             backend.wait_started(self.handles, Learner.policy_version, "learner ranks", start_timeout, replace=rank)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,16 +94,10 @@ def take_over(storage: RunStorage, folder: Path, config: Config) -> ResumePoint:
     for own in (c for c in checkpoints.complete() if c.iteration == iteration and marker is not None):
         if storage.exists(f"{own.rel}/{MANIFEST}") and storage.read(f"{own.rel}/{MANIFEST}") == marker:
             return ResumePoint(own, state, meta, new_config=True)
-    lock = RunLock(storage)  # the trial's checkpoints change: only while no live process holds its directory
-    note = lock.acquire()
-    if note:
-        print(f"raysim: {storage.path()}: {note}", flush=True)
-    try:
+    with locked(storage):  # the trial's checkpoints change: only while no live process holds its directory
         why = f"the trial's own, from before it took over another trial's checkpoint {iteration}"
         checkpoints.retire(checkpoints.list(), why)
         return ResumePoint(checkpoints.save(iteration, state, meta), state, meta, new_config=True)
-    finally:
-        lock.release()
 
 
 def start_over(storage: RunStorage) -> None:
@@ -111,12 +107,20 @@ def start_over(storage: RunStorage) -> None:
     trial that failed before its first checkpoint): whatever an earlier attempt left there belongs to no
     timeline Tune continues. While a live process holds the lock it raises ``RunLockedError`` and deletes nothing.
     """
+    with locked(storage) as lock:
+        lock.clear_run()
+
+
+@contextmanager
+def locked(storage: RunStorage) -> Iterator[RunLock]:
+    """The trial's run directory locked for the body (a stale lock broken, said in a line), then released;
+    ``RunLockedError`` while a live process holds it."""
     lock = RunLock(storage)
     note = lock.acquire()
     if note:
         print(f"raysim: {storage.path()}: {note}", flush=True)
     try:
-        lock.clear_run()
+        yield lock
     finally:
         lock.release()
 
