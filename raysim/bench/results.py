@@ -2,7 +2,7 @@
 
 A line names its run (peer, config, seed, steps and ``overrides``, the config overrides beyond the
 packaged settings), its measures (and raysim's ``max_policy_lag``), and where and when it ran (``host``,
-``cpus``, ``started`` and ``finished`` in UTC, ``load_start`` and ``load_end``: ``os.getloadavg()``), so
+``cpus``, ``mujoco`` (its version), ``started`` and ``finished`` in UTC, ``load_start`` and ``load_end``: ``os.getloadavg()``), so
 a table can say on what machine, how loaded, and when. Lines written before a field existed read as
 lacking it: no overrides (the packaged settings), machine and dates unknown.
 
@@ -14,6 +14,7 @@ overlapped until 2026-12-05 and are lockstep since).
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import os
 import platform
@@ -128,8 +129,16 @@ def load() -> list[float] | None:
 
 
 def machine() -> dict:
-    """Where a run ran: host name and CPU count."""
-    return {"host": platform.node(), "cpus": os.cpu_count()}
+    """Where a run ran: host name, CPU count and the MuJoCo it simulated with (None where not installed)."""
+    return {"host": platform.node(), "cpus": os.cpu_count(), "mujoco": installed_version("mujoco")}
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of ``package``, None where it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def mean_std(values: list[float]) -> str:
