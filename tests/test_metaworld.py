@@ -170,32 +170,46 @@ def test_row_counts_off_the_tasks_and_a_wrong_success_count_are_refused_in_one_l
     assert "env.success must be one of ['any', 'final'], got 'sometimes'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("goals", ["benchmark", "sampled"])
-def test_an_evaluation_over_two_tasks_plays_the_same_episodes_on_any_layout(goals):
+@pytest.mark.parametrize("goals", ["benchmark", pytest.param("sampled", marks=pytest.mark.slow)])
+def test_mt10_evaluation_records_and_per_task_report_are_the_same_on_1x10_2x10_and_1x20_rows(goals):
     from raysim.actors import LocalBackend
+    from raysim.envs.meta_world import MetaWorld
     from raysim.evaluation import EvalSpec, evaluate_on_shards
     from raysim.models.networks import ActorCritic, ModelConfig
     from raysim.rollout import EnvShard
 
-    options = {"benchmark": None, "tasks": ["reach-v3", "push-v3"], "goals": goals, "max_episode_steps": 6}
-    torch.manual_seed(0)
-    probe = EnvShard(ENV, 2, env_kwargs=options)
-    weights = {"version": 1, "actor": ActorCritic(*probe.spaces()[:2], ModelConfig()).actor.state_dict()}
-    probe.env.close()
-    spec = EvalSpec(episodes=8, seed=4, max_steps=100, deterministic=False)
-    records, backend = [], LocalBackend()
-    for layout in ([2], [2, 2], [4]):  # shards x rows, each a multiple of the 2 tasks
+    options = MetaWorld.materialize({"benchmark": "MT10", "goals": goals})  # the table built once, as a driver does
+    options["max_episode_steps"] = 4
+    backend, weights = LocalBackend(), None
+    found: dict[bool, list] = {True: [], False: []}  # deterministic / sampled actions: (records, report) per layout
+    for layout in ([10], [10, 10], [20]):  # shards x rows, each a multiple of the 10 tasks
 
         def make_shard(i: int, layout: list[int] = layout):
             return backend.create(EnvShard, ENV, layout[i], seed=i, env_kwargs=options)
 
         shards = [make_shard(i) for i in range(len(layout))]
-        report = evaluate_on_shards(backend, make_shard, shards, layout, weights, spec)
-        records.append({r["episode"]: {k: v for k, v in r.items() if k not in ("row", "step")} for r in report.records})
+        if weights is None:
+            torch.manual_seed(0)
+            model = ActorCritic(*shards[0].instance.spaces()[:2], ModelConfig())
+            weights = {"version": 1, "actor": model.actor.state_dict()}
+        for deterministic in (True, False):
+            spec = EvalSpec(episodes=30, seed=4, max_steps=100, deterministic=deterministic)
+            report = evaluate_on_shards(backend, make_shard, shards, layout, weights, spec)
+            records = {r["episode"]: {k: v for k, v in r.items() if k not in ("row", "step")} for r in report.records}
+            found[deterministic].append((records, report))
         for shard in shards:
             shard.instance.env.close()
-    assert sorted(records[0]) == list(range(8)) and records[1] == records[0] and records[2] == records[0]
-    assert len({r["return"] for r in records[0].values()}) == 8  # distinct episodes
+    tasks = options["tasks"]
+    for runs in found.values():
+        (records, report), *others = runs
+        assert sorted(records) == list(range(30)) and all(other == records for other, _ in others)
+        assert [records[j]["task"] for j in range(30)] == [tasks[j % 10] for j in range(30)]  # a name, task j mod K
+        assert len({r["seed"] for r in records.values()}) == 30  # distinct episodes
+        assert list(report.tasks) == tasks and all(t.requested == t.completed == 3 for t in report.tasks.values())
+        assert all(other.tasks == report.tasks for _, other in others)
+        rates = [t.success_rate.value for t in report.tasks.values()]
+        assert report.mean_task_success == pytest.approx(sum(rates) / 10)  # unweighted over tasks
+    assert found[True][0][0] != found[False][0][0]  # sampled actions play other episodes
 
 
 def test_a_restored_state_continues_every_rows_episode_exactly():

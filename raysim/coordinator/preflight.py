@@ -19,6 +19,7 @@ from raysim.envs.messages import captured
 from raysim.envs.registry import row_multiple
 from raysim.envs.spaces import is_image_space
 from raysim.models import ActorCritic, ModelConfig
+from raysim.rollout.policies import scripted_policy
 from raysim.storage import is_uri, unwritable
 
 #: Model settings that only an image group's encoder reads.
@@ -112,6 +113,21 @@ def check_renders(config: Config) -> None:
         env.frames(config.eval.video_size)
     except CannotRender as error:
         raise ConfigError(f"a video of {env_id} cannot be made: {one_line(error)}") from error
+    finally:
+        env.close()
+
+
+def check_policy(config: Config, policy: str) -> None:
+    """A ``ConfigError`` when the env of ``config`` cannot play the scripted ``policy`` (``raysim.rollout.policies``:
+    no scripted expert, an unbounded action space): its rows are built as an evaluation shard builds them."""
+    env_id = config.env.id
+    rows = row_multiple(env_id, config.env.kwargs)
+    with captured():  # what building the env prints was said by ``check_env_and_model``
+        env = make(env_id, rows, seed=0, evaluation=True, success=config.env.success, **config.env.kwargs)
+    try:
+        scripted_policy(policy, stacked(env, config.env.frame_stack))
+    except ValueError as error:
+        raise ConfigError(f"--policy {policy}: {one_line(error)}") from error
     finally:
         env.close()
 

@@ -31,12 +31,15 @@ Observations: ``policy``, Meta-World's 39 values (hand, gripper, objects, the pr
 goal: goal-observable as in the MT benchmarks) as float32, then the one-hot task id when K > 1.
 Actions ``[N, 4]`` in ``[-1, 1]`` (clipped). Checkpoints: a row's state is its episode's seed and the actions
 it took so far; ``set_state`` replays them (MuJoCo is deterministic), so a resumed shard continues exactly.
+``expert_actions()``: Meta-World's scripted expert of each row's task (``metaworld.policies``) in the state the row
+is in, for ``raysim eval --policy expert``.
 """
 
 from __future__ import annotations
 
 import functools
 import pickle
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -139,6 +142,7 @@ class MetaWorld(TorchEnv):
             dict(benchmark=benchmark, tasks=tasks, goals=goals, benchmark_seed=benchmark_seed, goal_table=goal_table)
         )
         self.tasks: list[str] = options["tasks"]
+        self.task_names = tuple(self.tasks)
         self.num_tasks = K = len(self.tasks)
         if self.num_envs % K:
             raise ValueError(
@@ -230,16 +234,15 @@ class MetaWorld(TorchEnv):
         self.obs.numpy()[row, :OBS_SIZE] = env.reset()[0]  # the tensor's memory, cast to float32
 
     def _advance(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        clipped = actions.detach().to("cpu", torch.float32).clamp(-1.0, 1.0)
-        self.actions_taken[self._all_rows, self.episode_length] = clipped
-        action = clipped.numpy()
+        action = actions.detach().to("cpu", torch.float32).clamp(-1.0, 1.0).numpy()
+        # the tensors' memory, written in place through NumPy (cheaper than torch indexing for a few rows)
+        self.actions_taken.numpy()[self._all_rows.numpy(), self.episode_length.numpy()] = action
         reward = np.zeros(self.num_envs, dtype=np.float32)
-        success = np.zeros(self.num_envs, dtype=bool)
-        obs = self.obs.numpy()  # the tensor's memory: rows written in place, cast to float32
+        success = self.success_now.numpy()  # every row's flag at this step
+        obs = self.obs.numpy()  # rows cast to float32
         for row, env in enumerate(self.envs):
             obs[row, :OBS_SIZE], reward[row], _, _, info = env.step(action[row])
             success[row] = bool(info["success"])
-        self.success_now.copy_(torch.from_numpy(success))
         self.succeeded |= self.success_now
         terminated = self.success_now.clone() if self.end_on_success else torch.zeros_like(self.success_now)
         return torch.from_numpy(reward), terminated
@@ -249,7 +252,7 @@ class MetaWorld(TorchEnv):
 
     def _episode_report(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         flags = self.succeeded if self.success_count == "any" else self.success_now
-        return {"success": flags.index_select(0, rows)}
+        return {"success": flags.index_select(0, rows), "task": self.task_of_row.index_select(0, rows)}
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
         """Restore a ``get_state`` result (counters, success flags, generator), then replay every row's episode from
@@ -259,6 +262,23 @@ class MetaWorld(TorchEnv):
             self._reset_row(row, int(self.episode_seed[row]))
             for action in self.actions_taken[row, : int(self.episode_length[row])].numpy():
                 self.obs.numpy()[row, :OBS_SIZE] = env.step(action)[0]
+
+    @functools.cached_property
+    def experts(self) -> list[Any]:
+        """Meta-World's scripted expert of each task (``metaworld.policies``), by task index."""
+        from metaworld.policies import ENV_POLICY_MAP
+
+        return [ENV_POLICY_MAP[name]() for name in self.tasks]
+
+    def expert_actions(self) -> torch.Tensor:
+        """The scripted expert's action [N, 4] for every row: its task's expert on the row's 39 values (without the
+        one-hot task id), as the policy observes them (``raysim eval --policy expert``)."""
+        obs = self.obs[:, :OBS_SIZE].double().numpy()
+        experts = self.experts
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the experts' "Constant(s) may be too high", every step
+            actions = [experts[k].get_action(obs[row]) for row, k in enumerate(self.task_of_row.tolist())]
+        return torch.from_numpy(np.stack(actions)).float()
 
     def close(self) -> None:
         for env in self.envs:
