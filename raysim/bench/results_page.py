@@ -21,8 +21,10 @@ from raysim.bench.results import (
     ANCHORS,
     LAG,
     LAST_EPISODES,
+    MUJOCO_SETTING,
     SB3_ZOO,
     SB3_ZOO_LABEL,
+    SCRIPTED,
     SMOOTH,
     mean_std,
     overrides,
@@ -62,7 +64,11 @@ def write_page(results: list[dict], out: Path, page: Path) -> list[Path]:
         "published `ppo_continuous_action.py` figures at 1M env steps on the MuJoCo v4 envs (training return), and "
         "SB3 + RL Zoo's published PPO models at 1M steps with the Zoo's tuned settings on the v3 envs (one model "
         "each, its deterministic evaluation over 10 episodes: a spread over episodes, not seeds); raysim's runs "
-        "use v5, with the same dynamics and rewards.\n\n" + "\n".join(sections)
+        "use v5, with the same dynamics and rewards. Meta-World tasks count an episode's success at any step (the "
+        "benchmark's count), list each task's successes where a config has several, with the unweighted mean over "
+        "tasks, and add two rows evaluated on the same episodes without training: the task's scripted expert "
+        "(`metaworld.policies`) and uniform random actions (`raysim eval --policy expert|random`).\n\n"
+        + "\n".join(sections)
     )
     return [page, *written]
 
@@ -75,9 +81,10 @@ def task_section(config_name: str, rows: list[dict], picture: str | None) -> str
     for key, group in groups(rows).items():
         peer, settings, steps = key
         label = settings_label(peer, settings)
+        budget = "- (evaluated only)" if peer in SCRIPTED else f"{steps:,}"
         for r in sorted(group, key=lambda r: r["seed"]):
             lines.append(
-                f"| {label} | {steps:,} | {r['seed']} | {number(r.get('training_return'))} "
+                f"| {label} | {budget} | {r['seed']} | {number(r.get('training_return'))} "
                 f"| {number(r.get('eval_mean'))} | {success(r)} | {number(r.get('train_seconds'))} |"
             )
         training, evaluation, seconds = (
@@ -85,10 +92,11 @@ def task_section(config_name: str, rows: list[dict], picture: str | None) -> str
         )
         seeds = f"{len(group)} seed{'s' if len(group) > 1 else ''}"
         lines.append(
-            f"| {label} | {steps:,} | **mean +- std ({seeds})** | {over_seeds(training)} "
+            f"| {label} | {budget} | **mean +- std ({seeds})** | {over_seeds(training)} "
             f"| {over_seeds(evaluation)} | {pooled_success(group)} | {over_seeds(seconds)} |"
         )
     lines.extend(anchor_rows(env))
+    lines.extend(per_task_table(rows))
     lines.extend(["", "To run a group again:", ""])
     lines.extend(
         f"- {settings_label(key[0], key[1])}: `{command(config_name, key, group)}`"
@@ -105,11 +113,12 @@ def command(config_name: str, key: tuple, group: list[dict]) -> str:
     """The command that runs a group again: its peer, seeds, budget, evaluation episodes and settings."""
     peer, settings, steps = key
     seeds = " ".join(str(seed) for seed in sorted(r["seed"] for r in group))
-    words = ["raysim bench mujoco --configs", config_name, "--seeds", seeds, "--peers", peer, "--steps", str(steps)]
+    words = ["raysim bench mujoco --configs", config_name, "--seeds", seeds, "--peers", peer]
+    words += [] if peer in SCRIPTED else ["--steps", str(steps)]
     episodes = {r.get("eval_episodes") for r in group} - {None}
     if len(episodes) == 1:
         words += ["--eval-episodes", str(episodes.pop())]
-    return " ".join(words + [f"--override {o}" for o in settings])
+    return " ".join(words + [f"--override {o}" for o in settings if not o.startswith(MUJOCO_SETTING)])
 
 
 def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -134,10 +143,12 @@ def provenance(rows: list[dict]) -> str:
         busy += f", at end {min(end):.2f}-{max(end):.2f}"
     else:
         busy = "not recorded"
+    mujoco = ", ".join(sorted({r["mujoco"] for r in rows if r.get("mujoco")})) or "not recorded"
     when += unrecorded(rows, "finished")
     hosts += unrecorded(rows, "host")
     busy += unrecorded(rows, "load_end")
-    return f"Runs finished: {when}. Machine: {hosts}. Load: {busy}."
+    mujoco += unrecorded(rows, "mujoco")
+    return f"Runs finished: {when}. Machine: {hosts}. Load: {busy}. MuJoCo: {mujoco}."
 
 
 def unrecorded(rows: list[dict], key: str) -> str:
@@ -171,6 +182,37 @@ def pooled_success(group: list[dict]) -> str:
     k, n = sum(r["eval_successes"] for r in scored), sum(r["eval_episodes"] for r in scored)
     lowest = min(r["eval_success_lower"] for r in scored)
     return f"{k:,}/{n:,} ({wilson(k, n)[0]:.3f}); lowest seed {lowest:.3f}"
+
+
+def per_task_table(rows: list[dict]) -> list[str]:
+    """A multi-task config's evaluation per task: a column per run (group and seed), each task's successes
+    ``k/c (Wilson 95% lower)``, and the unweighted mean of the per-task rates (each task counts the same)."""
+    runs = [(key, r) for key, group in groups(rows).items() for r in sorted(group, key=lambda r: r["seed"])]
+    runs = [(key, r) for key, r in runs if r.get("eval_tasks")]
+    if not runs:
+        return []
+    names = list(runs[0][1]["eval_tasks"])
+    lines = [
+        "",
+        "Per task (evaluation episode j plays task j mod K):",
+        "",
+        "| task | " + " | ".join(f"{settings_label(key[0], key[1])}, seed {r['seed']}" for key, r in runs) + " |",
+        "|---|" + "---|" * len(runs),
+    ]
+    for name in names:
+        cells = []
+        for _, r in runs:
+            k, c = r["eval_tasks"].get(name, (None, 0))
+            cells.append(f"{k}/{c} ({wilson(k, c)[0]:.3f})" if c else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    means = [
+        f"{statistics.fmean(k / c for k, c in r['eval_tasks'].values()):.3f}"
+        if all(c for _, c in r["eval_tasks"].values())
+        else "- (a task completed no episode)"
+        for _, r in runs
+    ]
+    lines.append("| **mean over tasks (unweighted)** | " + " | ".join(means) + " |")
+    return lines
 
 
 def anchor_rows(env: str) -> list[str]:
