@@ -56,6 +56,7 @@ from raysim.bench.results import (
     run_name,
     run_settings,
     settings_label,
+    simulates_with_mujoco,
     smoothed,
 )
 from raysim.evaluation import wilson
@@ -190,7 +191,8 @@ def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.N
     ``overrides``: the config overrides of raysim and the scripted policies, none for the peer, which runs its
     own settings)."""
     settings = tuple(args.override) if peer == "raysim" or peer in SCRIPTED else ()
-    name = run_name(peer, config_name, seed, steps, settings)
+    version = installed_version("mujoco") if simulates_with_mujoco(env_of(config_name)) else None
+    name = run_name(peer, config_name, seed, steps, settings + ((f"mujoco={version}",) if version else ()))
     run_dir = args.out / "runs" / name
     doing = "evaluating" if peer in SCRIPTED else f"training {steps:,} env steps in {run_dir}"
     print(f"[{peer} {config_name} seed {seed}: {doing}]", file=sys.stderr, flush=True)

@@ -69,10 +69,15 @@ def run_settings(row: dict) -> tuple[str, ...]:
     return others if lag == packaged else (*others, f"{LAG}={lag}")
 
 
+def simulates_with_mujoco(env: str) -> bool:
+    """Whether a results line's env steps MuJoCo (the locomotion envs, Meta-World)."""
+    return env.split("-")[0] in ANCHORS or env == "raysim/MetaWorld"
+
+
 def mujoco_setting(row: dict) -> tuple[str, ...]:
     """``("MuJoCo <version>",)`` for a run of a MuJoCo task on another MuJoCo than ``MUJOCO`` (``MuJoCo not
     recorded``: a line from before lines recorded it); none otherwise."""
-    if not (row["env"].split("-")[0] in ANCHORS or row["env"] == "raysim/MetaWorld"):
+    if not simulates_with_mujoco(row["env"]):
         return ()
     version = row.get("mujoco")
     return () if version == MUJOCO else (f"{MUJOCO_SETTING}{version or 'not recorded'}",)
@@ -131,7 +136,8 @@ def settings_label(peer: str, settings: tuple[str, ...]) -> str:
 
 
 def run_name(peer: str, config_name: str, seed: int, steps: int, settings: tuple[str, ...]) -> str:
-    """The run's folder and curve name; overrides mark it off from the packaged run (``...-algo.max_policy_lag=0``)."""
+    """The run's folder and curve name; overrides mark it off from the packaged run (``...-algo.max_policy_lag=0``),
+    and so does a MuJoCo version (``...-mujoco=3.3.0``)."""
     name = f"{peer}-{config_name}-s{seed}-{steps}"
     return "-".join([name, *(re.sub(r"[^\w.=-]", "_", o) for o in settings)])
 
