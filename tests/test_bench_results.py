@@ -124,9 +124,8 @@ def test_table_says_how_many_runs_recorded_no_date_machine_or_load():
     older = [line("reach_camera_ppo", "raysim/ReachCamera", seed, 1.0, mujoco=None) for seed in (1, 3)]
     assert provenance([*older, recorded]) == (
         "Runs finished: 2026-12-05 (2 of 3 runs recorded none). Machine: box (2 CPUs) (2 of 3 runs recorded none). "
-        "Load: 1-minute load average at run start 1.00-1.00, at end 1.50-1.50 (2 of 3 runs recorded none). "
-        "MuJoCo: 3.3.0 (2 of 3 runs recorded none)."
-    )
+        "Load: 1-minute load average at run start 1.00-1.00, at end 1.50-1.50 (2 of 3 runs recorded none)."
+    )  # no MuJoCo: the task steps none
 
 
 def test_a_multi_task_configs_table_gives_each_tasks_successes_per_run_the_unweighted_mean_and_scripted_rows(
@@ -350,3 +349,4 @@ def test_a_mujoco_tasks_runs_on_another_or_an_unrecorded_mujoco_are_a_group_apar
     assert "| `MuJoCo not recorded` | 1,000,000 | **mean +- std (2 seeds)** | 2,000.0 +- 0.0 |" in hopper
     assert "| `MuJoCo 4.0.1` | 1,000,000 | 1 | 2,500.0 |" in hopper
     assert "--override MuJoCo" not in hopper  # the commands run them again on this MuJoCo
+    assert "MuJoCo: 3.3.0, 4.0.1 (2 of 4 runs recorded none)." in hopper

@@ -27,10 +27,12 @@ from raysim.bench.results import (
     SCRIPTED,
     SMOOTH,
     mean_std,
+    mujoco_setting,
     overrides,
     run_lag,
     run_settings,
     settings_label,
+    simulates_with_mujoco,
     smoothed,
 )
 from raysim.bench.welch import welch
@@ -143,12 +145,14 @@ def provenance(rows: list[dict]) -> str:
         busy += f", at end {min(end):.2f}-{max(end):.2f}"
     else:
         busy = "not recorded"
-    mujoco = ", ".join(sorted({r["mujoco"] for r in rows if r.get("mujoco")})) or "not recorded"
     when += unrecorded(rows, "finished")
     hosts += unrecorded(rows, "host")
     busy += unrecorded(rows, "load_end")
-    mujoco += unrecorded(rows, "mujoco")
-    return f"Runs finished: {when}. Machine: {hosts}. Load: {busy}. MuJoCo: {mujoco}."
+    line = f"Runs finished: {when}. Machine: {hosts}. Load: {busy}."
+    if simulates_with_mujoco(rows[0]["env"]):  # the version of what the task steps
+        mujoco = ", ".join(sorted({r["mujoco"] for r in rows if r.get("mujoco")})) or "not recorded"
+        line += f" MuJoCo: {mujoco}{unrecorded(rows, 'mujoco')}."
+    return line
 
 
 def unrecorded(rows: list[dict], key: str) -> str:
@@ -229,11 +233,15 @@ def anchor_rows(env: str) -> list[str]:
 
 
 def overlap_lines(rows: list[dict]) -> list[str]:
-    """Overlapped (``algo.max_policy_lag`` > 0) minus lockstep (0) runs of the config, at each budget both hold
-    with no other setting apart: the difference of means of each measure with its Welch 95% interval."""
+    """Overlapped (``algo.max_policy_lag`` > 0) minus lockstep (0) runs of the config, at each budget and MuJoCo
+    both hold with no other setting apart: the difference of means of each measure with its Welch 95% interval."""
     lines = []
-    for steps in sorted({r["steps"] for r in rows}):
-        alike = [r for r in rows if r["peer"] == "raysim" and r["steps"] == steps and not other_settings(r)]
+    for steps, mujoco in sorted({(r["steps"], mujoco_setting(r)) for r in rows}):
+        alike = [
+            r
+            for r in rows
+            if r["peer"] == "raysim" and r["steps"] == steps and mujoco_setting(r) == mujoco and not other_settings(r)
+        ]
         lag = {id(r): run_lag(r) or 0 for r in alike}
         overlapped = [r for r in alike if lag[id(r)] > 0]
         lockstep = [r for r in alike if lag[id(r)] == 0]
@@ -241,6 +249,7 @@ def overlap_lines(rows: list[dict]) -> list[str]:
             continue
         lags = ", ".join(str(n) for n in sorted({lag[id(r)] for r in overlapped}))
         head = f"Overlapped (`{LAG}` {lags}) - lockstep (`{LAG}` 0), {steps:,} steps"
+        head += "".join(f", `{setting}`" for setting in mujoco)
         if len(overlapped) < 2 or len(lockstep) < 2:
             lines += [f"{head}: Welch's interval needs two seeds of each ({len(overlapped)} and {len(lockstep)}).", ""]
             continue
