@@ -22,6 +22,7 @@ from raysim.config import ConfigError, load_config
 from raysim.coordinator.cluster import RayStartFailed, ResourceError
 from raysim.coordinator.trainer import RunFailed
 from raysim.envs.errors import MissingDependencyError
+from raysim.rollout.policies import SCRIPTED as SCRIPTED_POLICIES
 from raysim.storage import RunLockedError, unwritable
 
 if TYPE_CHECKING:
@@ -280,23 +281,58 @@ def add_tune(commands, common) -> None:
     sweep.set_defaults(run=tune_command)
 
 
+EVAL_HELP = """Evaluate a policy over balanced, seeded episodes and print the completion and success rates with
+Wilson intervals.
+
+The policy is a run's newest intact checkpoint (or a checkpoint directory), with the run's own config, or,
+with --config and --policy and no run, a scripted one in the env of a config: expert (the env's scripted
+expert; raysim/MetaWorld has Meta-World's, by each row's task) or random (uniform actions over the action
+space, keyed by the evaluation seed, the episode and its step). Episode j starts from the same seed whatever
+the policy, so a trained policy and the scripted ones play the same episodes.
+Examples:
+  raysim eval runs/cartpole_ppo
+  raysim eval --config metaworld_reach_ppo --policy expert --episodes 50 --local
+  raysim eval --config my.yaml --policy random --set env.kwargs.max_episode_steps=200 --out random.parquet
+"""
+
+
 def add_eval(commands, common) -> None:
     evaluate = commands.add_parser(
         "eval",
         parents=[common],
-        help="evaluate a trained policy",
-        description="Evaluate a run's newest intact checkpoint (or a checkpoint directory) over balanced, seeded "
-        "episodes and print the completion and success rates with Wilson intervals.",
+        help="evaluate a trained policy, or a scripted one (expert, random)",
+        description=EVAL_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    evaluate.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT")
+    evaluate.add_argument(
+        "path", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT", help="the run (or checkpoint) whose policy is evaluated"
+    )
+    evaluate.add_argument(
+        "--config", help="YAML config file or packaged config name whose env plays the --policy (no run needed)"
+    )
+    evaluate.add_argument(
+        "--policy",
+        choices=list(SCRIPTED_POLICIES),
+        help="a scripted policy instead of a run's: expert (the env's scripted expert) or random (uniform actions)",
+    )
+    evaluate.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --config: override a config value, e.g. --set env.kwargs.max_episode_steps=200 (repeatable)",
+    )
     evaluate.add_argument("--episodes", type=positive, default=100, help="episodes requested (default 100)")
-    evaluate.add_argument("--seed", type=int, help="evaluation seed (default: the run's eval.seed)")
+    evaluate.add_argument("--seed", type=int, help="evaluation seed (default: the run's or the config's eval.seed)")
     evaluate.add_argument("--shards", type=positive, help="evaluation shards (the result does not depend on it)")
     evaluate.add_argument(
         "--envs-per-shard", type=positive, help="rows per evaluation shard (the result does not depend on it either)"
     )
     evaluate.add_argument("--out", metavar="FILE.parquet", help="write one record per counted episode to this file")
-    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of argmax / mean")
+    evaluate.add_argument(
+        "--stochastic", action="store_true", help="sample a run's policy's actions instead of argmax / mean"
+    )
     evaluate.add_argument(
         "--no-quotas", action="store_true", help="count the first episodes to finish (biased; depends on the layout)"
     )
@@ -366,11 +402,12 @@ def add_bench(commands, common) -> None:
     bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
     bench.add_argument(
         "name",
-        choices=["collect", "solve", "scale", "mujoco", "atari", "startup", "store"],
+        choices=["collect", "solve", "scale", "mujoco", "atari", "metaworld", "startup", "store"],
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
         "scale: env steps/s against shards, lockstep and overlapped; startup: start-up against Ray's floor; "
         "mujoco: MuJoCo locomotion returns and wall time against CleanRL (and raysim/Reach success); "
         "atari: Breakout collection and training env steps/s and raw game score against a CleanRL-style peer; "
+        "metaworld: Meta-World collection env steps/s against a bare loop and a CleanRL-style loop; "
         "store: object-store bytes over a 500-iteration run stay flat",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
@@ -428,6 +465,8 @@ def report(summary) -> int:
         f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up), "
         f"{summary.steps_this_run / max(summary.wall_time, 1e-9):,.0f} steps/s"
     )
+    from raysim.evaluation import format_tasks
+
     evaluation = summary.evaluation
     if evaluation is not None:
         r = evaluation.returns
@@ -441,6 +480,8 @@ def report(summary) -> int:
                 f"success: {rate.numerator}/{rate.denominator} = {rate.value:.3f}  "
                 f"[{lo:.3f}, {hi:.3f}] {100 * evaluation.confidence:g}% Wilson"
             )
+        for line in format_tasks(evaluation):
+            print(line)
     if summary.interrupted:
         print(f"stopped before the end ({summary.stopped_by}): continue with `raysim resume {summary.run_dir}`")
     print(f"run directory: {summary.run_dir}")
@@ -509,26 +550,29 @@ def report_sweep(grid) -> int:
 
 
 def eval_command(args: argparse.Namespace) -> int:
-    from raysim.coordinator import evaluate
+    from raysim.coordinator import evaluate, evaluate_policy
     from raysim.evaluation import format_report
 
+    check_eval_source(args)
     if args.out:
         check_output(args.out, "--out")
     film = video_film(args) if args.video else None
+    options = dict(
+        episodes=args.episodes,
+        seed=args.seed,
+        shards=args.shards,
+        envs_per_shard=args.envs_per_shard,
+        balanced=not args.no_quotas,
+        out=args.out,
+        backend="local" if args.local else None,
+        address=args.address,
+        film=film,
+    )
     try:
-        report = evaluate(
-            args.path,
-            episodes=args.episodes,
-            seed=args.seed,
-            shards=args.shards,
-            envs_per_shard=args.envs_per_shard,
-            deterministic=not args.stochastic,
-            balanced=not args.no_quotas,
-            out=args.out,
-            backend="local" if args.local else None,
-            address=args.address,
-            film=film,
-        )
+        if args.policy:
+            report = evaluate_policy(args.config, args.policy, overrides=args.overrides, **options)
+        else:
+            report = evaluate(args.path, deterministic=not args.stochastic, **options)
     except BaseException:
         if film is not None:
             film.writer.abandon()  # no half video
@@ -542,6 +586,27 @@ def eval_command(args: argparse.Namespace) -> int:
         cut = " (the --video-frames cap: the rest was not filmed)" if writer.cut else ""
         print(f"video: {path}: {writer.frames} frames{cut}" if path else "video: no frame (no step was played)")
     return 0
+
+
+def check_eval_source(args: argparse.Namespace) -> None:
+    """Refuse, in one line, a ``raysim eval`` that names both a run and a scripted policy, or neither whole."""
+    scripted = "--config CONFIG --policy {" + ",".join(SCRIPTED_POLICIES) + "}"
+    if args.path and (args.config or args.policy):
+        flag = "--policy" if args.policy else "--config"
+        raise ConfigError(
+            f"raysim eval: {flag} goes with no RUN_DIR_OR_CHECKPOINT: a run is evaluated with its own config and "
+            f"policy; evaluate either {args.path} or {scripted}"
+        )
+    if args.path is None and not (args.config and args.policy):
+        missing = "--policy" if args.config else "--config CONFIG" if args.policy else "RUN_DIR_OR_CHECKPOINT"
+        raise ConfigError(f"raysim eval: give {missing} (evaluate a run: RUN_DIR_OR_CHECKPOINT; or {scripted})")
+    if args.policy and args.stochastic:
+        raise ConfigError(
+            f"raysim eval: --stochastic samples a learned policy's actions; --policy {args.policy} chooses its own "
+            "(random: uniform, expert: scripted): leave --stochastic out"
+        )
+    if args.overrides and not args.config:
+        raise ConfigError("raysim eval: --set changes the config of --config; a run is evaluated with its own config")
 
 
 def video_film(args: argparse.Namespace) -> Film:

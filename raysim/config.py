@@ -69,6 +69,12 @@ class EnvConfig:
     on_nonfinite: str = setting(
         "raise", help="an env's NaN or inf: stop, or drop that row's episode", choices=("raise", "mask")
     )
+    success: str | None = setting(
+        None,
+        help="an episode's success: set at any step, or at its final step; null: the env's own count (any for "
+        "raysim/MetaWorld, final for the rest); reporting only, not the env identity",
+        choices=("any", "final"),
+    )
     metadata: dict = setting(factory=dict, help="the task's description, kept verbatim in the run's snapshot")
 
 

@@ -1,15 +1,19 @@
 """Evaluation: episodes 0..n-1 by global index over every row of every evaluation shard, with denominators.
 
-Evaluation episode ``j`` is played by row ``j mod E`` of the E rows of all evaluation shards, each
-row's episodes in index order, so row ``r`` has the quota ``n // E``, plus one for the first
-``n % E`` rows. Everything random about episode ``j`` (its reset seed, a stochastic evaluation's
-action noise, the task's observation noise) derives from ``(seed, j)``, and the actor computes each
-row alone (``raysim.models.rowwise``), so the records of episode ``j`` (return, length, success) and
-the report do not depend on the number of shards, their rows or timing; a record's ``row`` and
-``step`` are the layout's. ``balanced: false`` (the first ``n`` to finish) depends on the layout by
-nature. The report holds the requested ``n``, completed ``c`` and successful ``k`` episodes (``k``
-wherever the task defines success, also when no episode completed), the rates with Wilson score
-intervals, and return and length statistics over the completed episodes.
+Evaluation episode ``j`` is played by row ``j mod E`` of the E rows of all evaluation shards, each row's
+episodes in index order, so row ``r`` has the quota ``n // E``, plus one for the first ``n % E`` rows.
+Everything random about episode ``j`` (its reset seed, a stochastic evaluation's action noise, the
+task's observation noise) derives from ``(seed, j)``, and the actor computes each row alone
+(``raysim.models.rowwise``), so the records of episode ``j`` (return, length, success) and the report do
+not depend on the number of shards, their rows or timing; a record's ``row`` and ``step`` are the
+layout's. An env with several tasks (``raysim/MetaWorld``) plays task ``j mod K`` in episode ``j`` (row
+``r`` plays task ``r mod K``, and every shard's rows are a multiple of K): the report then also holds
+each task's rates, and the unweighted mean of the per-task success rates (each task counts the same,
+whatever its episodes), the benchmark's figure; a record carries its task's name. ``balanced: false``
+(the first ``n`` to finish) depends on the layout by nature. The report holds the requested ``n``,
+completed ``c`` and successful ``k`` episodes (``k`` wherever the task defines success, also when no
+episode completed), the rates with Wilson score intervals, and return and length statistics over the
+completed episodes.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from raysim.actors import Backend, Handle, InputLost
 from raysim.config import EvalConfig
 from raysim.recording import Film, film_on_shards
 from raysim.records import records_table
-from raysim.rollout import EnvShard, EvalEpisodes
+from raysim.rollout import EnvShard, EvalEpisodes, Scoring
 from raysim.storage import write_parquet
 
 
@@ -66,6 +70,16 @@ class Rate:
 
 
 @dataclass
+class TaskReport:
+    """One task's share of a multi-task evaluation: its episodes requested, completed and successful."""
+
+    requested: int
+    completed: int
+    success_rate: Rate | None  # k / c (None when the task defines no success)
+    mean_return: float | None
+
+
+@dataclass
 class EvalReport:
     """What an evaluation found: denominators, rates, and return / length statistics."""
 
@@ -80,10 +94,18 @@ class EvalReport:
     lengths: dict[str, float | None]
     records: list[dict] = field(default_factory=list, repr=False)
     excluded: int = 0  # counted episodes left out: the env gave a non-finite value (``env.on_nonfinite: mask``)
+    tasks: dict[str, TaskReport] = field(default_factory=dict)  # by task name, in the env's order; {}: one task
 
     @property
     def mean_return(self) -> float | None:
         return self.returns["mean"]
+
+    @property
+    def mean_task_success(self) -> float | None:
+        """The unweighted mean over tasks of their success rates k / c (None: one task, no success, or a task
+        with no completed episode)."""
+        rates = [task.success_rate.value if task.success_rate else None for task in self.tasks.values()]
+        return statistics.fmean(rates) if rates and None not in rates else None
 
 
 def summarize(
@@ -91,15 +113,17 @@ def summarize(
     requested: int,
     confidence: float = 0.95,
     excluded: int = 0,
-    defines_success: bool | None = None,
+    scoring: Scoring | None = None,
 ) -> EvalReport:
     """An ``EvalReport`` from the counted episode records; ``excluded``: episodes already left out.
 
-    ``defines_success``: whether the task defines success (``BatchedEnv.defines_success``), so that
-    with no completed episode k/n is still 0/n and k/c undefined; None: the records tell (success
-    in every one of them, at least one). A record whose return is not finite is left out too (and
-    counted in ``excluded``): the statistics are over finite returns only.
+    ``scoring.defines_success``: whether the task defines success (``BatchedEnv.defines_success``), so
+    that with no completed episode k/n is still 0/n and k/c undefined; None (or no ``scoring``): the
+    records tell (success in every one of them, at least one). ``scoring.task_names``: the env's tasks,
+    reported one by one (episode ``j`` plays task ``j mod K``). A record whose return is not finite is
+    left out too (and counted in ``excluded``): the statistics are over finite returns only.
     """
+    defines_success = scoring.defines_success if scoring is not None else None
     finite = [r for r in records if math.isfinite(float(r["return"]))]
     excluded += len(records) - len(finite)
     records = finite
@@ -120,7 +144,28 @@ def summarize(
         lengths=_stats([float(r["length"]) for r in records]),
         records=records,
         excluded=excluded,
+        tasks=per_task(records, requested, scoring.task_names if scoring else (), has_success, confidence),
     )
+
+
+def per_task(
+    records: list[dict], requested: int, task_names: tuple[str, ...], has_success: bool, confidence: float
+) -> dict[str, TaskReport]:
+    """Each task's episodes (requested: the indices ``j < requested`` with ``j mod K`` its index); {} for one task."""
+    if len(task_names) < 2:
+        return {}
+    K = len(task_names)
+    tasks = {}
+    for k, name in enumerate(task_names):
+        mine = [r for r in records if r.get("task") == name]
+        successes = sum(bool(r.get("success")) for r in mine)
+        tasks[name] = TaskReport(
+            requested=len(range(k, requested, K)),
+            completed=len(mine),
+            success_rate=Rate.of(successes, len(mine), confidence) if has_success else None,
+            mean_return=statistics.fmean(float(r["return"]) for r in mine) if mine else None,
+        )
+    return tasks
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:
@@ -139,6 +184,7 @@ class EvalSpec:
     deterministic: bool = True
     balanced: bool = True  # False: plain "first n to finish" (biased toward short episodes)
     confidence: float = 0.95
+    policy: str | None = None  # None: the actor of the weights; expert, random: scripted (raysim.rollout.policies)
 
     @classmethod
     def of(cls, config: EvalConfig, max_episode_steps: int | None) -> EvalSpec:
@@ -164,7 +210,8 @@ def evaluate_on_shards(
     A shard whose process dies is replaced (``make_shard(i)``, also written into ``shards``) and
     its rows play their episodes again by index, so the report equals that of a run without the
     fault. The callbacks see each counted episode once, in index order. ``film``: the evaluation is
-    also filmed into its video (``raysim.recording``), with the same records.
+    also filmed into its video (``raysim.recording``), with the same records. ``weights``: None for a
+    scripted ``spec.policy``.
     """
     rows = sum(rows_per_shard)
     row_quotas = quotas(spec.episodes, rows) if spec.balanced else [spec.episodes] * rows
@@ -179,6 +226,7 @@ def evaluate_on_shards(
             spec.deterministic,
             stop_after,
             rows,
+            spec.policy,
         )
         for i in range(len(shards))
     ]
@@ -186,7 +234,7 @@ def evaluate_on_shards(
         played = film_on_shards(backend, make_shard, shards, plans, weights, film, max_restarts)
     else:
         played = play_on_shards(backend, make_shard, shards, plans, weights, max_restarts)
-    results, excluded, defines_success = played
+    results, excluded, scoring = played
     if not spec.balanced:  # the first episodes to finish, over all shards
         results = sorted(results, key=lambda pair: (pair[0]["step"], pair[0]["row"]))[: spec.episodes]
     results.sort(key=lambda pair: pair[0]["episode"])
@@ -195,7 +243,7 @@ def evaluate_on_shards(
             on_scored_episode(dict(record))
         if on_episode is not None:
             on_episode(report)
-    return summarize([record for record, _ in results], spec.episodes, spec.confidence, excluded, defines_success)
+    return summarize([record for record, _ in results], spec.episodes, spec.confidence, excluded, scoring)
 
 
 def play_on_shards(
@@ -205,16 +253,16 @@ def play_on_shards(
     plans: list[EvalEpisodes],
     weights: object,
     max_restarts: int = 3,
-) -> tuple[list[tuple[dict, dict]], int, bool | None]:
+) -> tuple[list[tuple[dict, dict]], int, Scoring | None]:
     """Play ``plans`` on ``shards`` (one each, all at once; a dead shard replaced and its plan played again):
-    the counted ``(record, report)`` pairs, the episodes left out and whether the task defines success."""
+    the counted ``(record, report)`` pairs, the episodes left out and how the task counts them."""
     pending = {i: shards[i].call(EnvShard.evaluate, weights, plans[i]) for i in range(len(shards))}
     results: list[tuple[dict, dict]] = []
-    restarts, excluded, defines_success = 0, 0, None
+    restarts, excluded, scoring = 0, 0, None
     while pending:
         i, future = pending.popitem()
         try:
-            counted, left_out, defines_success = backend.get(future)
+            counted, left_out, scoring = backend.get(future)
             results += counted
             excluded += left_out
         except Exception as error:
@@ -228,7 +276,7 @@ def play_on_shards(
             )
             shards[i] = make_shard(i)
             pending[i] = shards[i].call(EnvShard.evaluate, weights, plans[i])
-    return results, excluded, defines_success
+    return results, excluded, scoring
 
 
 def write_records(path: str | Path, records: list[dict]) -> None:
@@ -236,16 +284,37 @@ def write_records(path: str | Path, records: list[dict]) -> None:
     write_parquet(path, records_table(records))
 
 
+def format_rate(r: Rate | None) -> str:
+    """``k/n = rate  [low, high]``, or why there is none."""
+    if r is None:
+        return "n/a (the task defines no success)"
+    if r.value is None:
+        return f"{r.numerator}/{r.denominator}  undefined (no denominator)"
+    lo, hi = r.interval
+    return f"{r.numerator}/{r.denominator} = {r.value:.3f}  [{lo:.3f}, {hi:.3f}]"
+
+
+def format_tasks(report: EvalReport) -> list[str]:
+    """The per-task lines of a multi-task evaluation and their unweighted mean; none for one task."""
+    if not report.tasks:
+        return []
+    K = len(report.tasks)
+    width = max(len(name) for name in report.tasks)
+    lines = [f"per task ({K} tasks, episode j plays task j mod {K}), success k / c:"]
+    for name, task in report.tasks.items():
+        mean = "n/a" if task.mean_return is None else f"{task.mean_return:.1f}"
+        lines.append(f"  {name:<{width}}  {format_rate(task.success_rate)}  return {mean}")
+    mean_success = report.mean_task_success
+    lines.append(
+        f"mean over tasks        {'n/a' if mean_success is None else f'{mean_success:.3f}'}"
+        "  (unweighted mean of the per-task rates: each task counts the same)"
+    )
+    return lines
+
+
 def format_report(report: EvalReport) -> str:
     """A readable table of an evaluation report."""
-
-    def rate(r: Rate | None) -> str:
-        if r is None:
-            return "n/a (the task defines no success)"
-        if r.value is None:
-            return f"{r.numerator}/{r.denominator}  undefined (no denominator)"
-        lo, hi = r.interval
-        return f"{r.numerator}/{r.denominator} = {r.value:.3f}  [{lo:.3f}, {hi:.3f}]"
+    rate = format_rate
 
     def stats(s: dict) -> str:
         if s["mean"] is None:
@@ -260,6 +329,7 @@ def format_report(report: EvalReport) -> str:
         f"success k / n          {rate(report.success_per_requested)}",
         f"return                 {stats(report.returns)}",
         f"length                 {stats(report.lengths)}",
+        *format_tasks(report),
     ]
     if report.excluded:
         lines.append(

@@ -24,7 +24,7 @@ import numpy as np
 
 from raysim.actors import Backend, Handle, InputLost
 from raysim.config import EvalConfig
-from raysim.rollout import EnvShard, EvalEpisodes
+from raysim.rollout import EnvShard, EvalEpisodes, Scoring
 from raysim.rollout.recording import Part
 from raysim.storage import RunStorage
 from raysim.video import VideoWriter, grid
@@ -64,9 +64,9 @@ def film_on_shards(
     weights: object,
     film: Film,
     max_restarts: int = 3,
-) -> tuple[list[tuple[dict, dict]], int, bool | None]:
+) -> tuple[list[tuple[dict, dict]], int, Scoring | None]:
     """Play ``plans`` on ``shards`` (one each) as ``EnvShard.evaluate`` would, filming them into ``film``;
-    returns the counted ``(record, report)`` pairs, the episodes left out and whether the task defines success."""
+    returns the counted ``(record, report)`` pairs, the episodes left out and how the task counts them."""
     count = len(shards)
     filmed = [0] * count  # steps of each shard taken so far (filmed, or played past the cap)
     results: list[tuple | None] = [None] * count

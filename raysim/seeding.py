@@ -19,7 +19,7 @@ import torch
 #: generator, 6 GRPO group starts and fresh episodes, 10 / 11 training / evaluation shards, 12 benchmark
 #: shards.
 EVAL_EPISODE = 5  # (eval seed, tag, episode index j): the reset seed of evaluation episode j
-EVAL_ACTION_NOISE = 7  # (eval seed, tag, episode index j): a stochastic evaluation's action noise
+EVAL_ACTION_NOISE = 7  # (eval seed, tag, episode index j): a stochastic or random evaluation's action noise
 EVAL_BATCH = 8  # (eval seed, tag, first global row): a shard's rows when its env cannot reset one row
 
 _MASK32 = 0xFFFFFFFF

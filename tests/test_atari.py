@@ -113,8 +113,8 @@ def test_evaluation_counts_whole_games_with_raw_scores_even_where_lives_end_traj
     assert training.env.episodic_life and training.env.clip_rewards
     weights = {"version": 0, "actor": scored.actor.state_dict()}
     plan = EvalEpisodes(quotas=[1, 2], row_offset=0, seed=5, max_steps=5000, deterministic=False)
-    games, _, defines_success = scored.evaluate(weights, plan)
-    assert defines_success is False
+    games, _, scoring = scored.evaluate(weights, plan)
+    assert scoring.defines_success is False
     assert sorted(r["episode"] for r, _ in games) == [0, 1, 3] and all(r["terminated"] for r, _ in games)
     # the same games through the training env: lives end its trajectories, yet evaluation counts the games
     same, _, _ = training.evaluate(weights, plan)

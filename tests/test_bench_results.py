@@ -27,7 +27,7 @@ def line(config: str, env: str, seed: int, training: float, **fields) -> dict:
         "peer": "raysim", "config": config, "env": env, "seed": seed, "steps": 1_000_000, "overrides": settings,
         "env_steps": 1_000_000, "train_seconds": 300.0 + seed, "layout": "-", "training_return": training,
         "eval_mean": training + 100.0, "eval_std": 5.0, "eval_episodes": 20, "eval_successes": None,
-        "eval_success_lower": None, "curve": f"curves/{name}.csv", **fields,
+        "eval_success_lower": None, "curve": f"curves/{name}.csv", "mujoco": "3.3.0", **fields,
     }  # fmt: skip
 
 
@@ -120,12 +120,32 @@ def test_table_notes_the_date_machine_and_load_once_per_table(results, tmp_path)
 
 def test_table_says_how_many_runs_recorded_no_date_machine_or_load():
     recorded = line("reach_camera_ppo", "raysim/ReachCamera", 2, 1.0, **WHEN, finished="2026-12-05T15:00:00+00:00",
-                    load_start=[1.0, 1.0, 1.0], load_end=[1.5, 1.0, 1.0])  # fmt: skip
-    older = [line("reach_camera_ppo", "raysim/ReachCamera", seed, 1.0) for seed in (1, 3)]
+                    load_start=[1.0, 1.0, 1.0], load_end=[1.5, 1.0, 1.0], mujoco="3.3.0")  # fmt: skip
+    older = [line("reach_camera_ppo", "raysim/ReachCamera", seed, 1.0, mujoco=None) for seed in (1, 3)]
     assert provenance([*older, recorded]) == (
         "Runs finished: 2026-12-05 (2 of 3 runs recorded none). Machine: box (2 CPUs) (2 of 3 runs recorded none). "
         "Load: 1-minute load average at run start 1.00-1.00, at end 1.50-1.50 (2 of 3 runs recorded none)."
+    )  # no MuJoCo: the task steps none
+
+
+def test_a_multi_task_configs_table_gives_each_tasks_successes_per_run_the_unweighted_mean_and_scripted_rows(
+    tmp_path,
+):
+    out, docs = tmp_path / "bench", tmp_path / "results.md"
+    tasks = {"reach-v3": [5, 5], "push-v3": [1, 5]}  # [k, c]: 1.0 and 0.2, unweighted mean 0.6 (pooled 0.6 too)
+    rows = [line("metaworld_mt10_ppo", "raysim/MetaWorld", 1, 10.0, eval_episodes=10, eval_successes=6,
+                 eval_success_lower=mujoco.wilson(6, 10)[0], eval_tasks=tasks, mujoco="3.3.0", **WHEN)]  # fmt: skip
+    expert = dict(
+        rows[0], peer="expert", steps=0, eval_successes=10, eval_tasks={"reach-v3": [5, 5], "push-v3": [5, 5]}
     )
+    out.mkdir()
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (*rows, expert)))
+    assert mujoco.main(["--table", "--out", str(out), "--docs", str(docs)]) == 0
+    page = sections(docs.read_text())["metaworld_mt10_ppo"]
+    assert "MuJoCo: 3.3.0." in page
+    assert "| task | packaged, seed 1 | expert (scripted, metaworld.policies), seed 1 |" in page
+    assert f"| push-v3 | 1/5 ({mujoco.wilson(1, 5)[0]:.3f}) | 5/5 ({mujoco.wilson(5, 5)[0]:.3f}) |" in page
+    assert "| **mean over tasks (unweighted)** | 0.600 | 1.000 |" in page
 
 
 def test_table_gives_overlap_minus_lockstep_with_its_welch_interval(results, tmp_path):
@@ -296,3 +316,37 @@ def test_each_config_trains_for_its_own_budget_unless_steps_are_given(tmp_path, 
         ("cartpole_ppo", 1024),
         ("cartpole_stateless_ppo", 1024),
     ]
+
+
+def test_a_meta_world_config_gets_the_expert_and_random_rows_once_on_the_trained_policys_episodes(tmp_path, capsys):
+    pytest.importorskip("metaworld")
+    out = tmp_path / "bench"
+    argv = ["--configs", "metaworld_reach_ppo", "--seeds", "1", "2", "--peers", "expert", "random", "--out", str(out)]
+    argv += ["--eval-episodes", "4", "--override", "env.kwargs.max_episode_steps=60", "--override", "eval.num_envs=2"]
+    assert mujoco.main(argv) == 0
+    lines = read_results(out / "results.jsonl")
+    assert [(r["peer"], r["seed"], r["steps"]) for r in lines] == [("expert", 1, 0), ("random", 1, 0)]  # once
+    expert, random = lines
+    assert expert["eval_episodes"] == random["eval_episodes"] == 4 and expert["mujoco"]
+    assert expert["eval_successes"] >= 3 and random["eval_successes"] <= 1  # the task's ceiling and floor
+    assert expert["eval_tasks"] is None  # one task: its successes are the run's
+    assert mujoco.main(argv) == 0 and len(read_results(out / "results.jsonl")) == 2  # done: skipped
+    assert "| random (uniform actions), `env.kwargs.max_episode_steps=60`" in capsys.readouterr().out
+
+
+def test_a_mujoco_tasks_runs_on_another_or_an_unrecorded_mujoco_are_a_group_apart_and_not_skipped(tmp_path):
+    out, docs = tmp_path / "bench", tmp_path / "results.md"
+    pinned = [line("hopper_ppo", "Hopper-v5", 1, 3000.0, max_policy_lag=0)]
+    older = [line("hopper_ppo", "Hopper-v5", seed, 2000.0, max_policy_lag=0, mujoco=None) for seed in (1, 2)]
+    other = [line("hopper_ppo", "Hopper-v5", 1, 2500.0, max_policy_lag=0, mujoco="4.0.1")]
+    out.mkdir()
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (*pinned, *older, *other)))
+    assert len({run_key(r) for r in (*pinned, *older, *other)}) == 4  # seed 1 three times: three runs
+    assert run_settings(older[0]) == ("MuJoCo not recorded",) and run_settings(pinned[0]) == ()
+    assert mujoco.main(["--table", "--out", str(out), "--docs", str(docs)]) == 0
+    hopper = sections(docs.read_text())["hopper_ppo"]
+    assert "| packaged | 1,000,000 | 1 | 3,000.0 |" in hopper
+    assert "| `MuJoCo not recorded` | 1,000,000 | **mean +- std (2 seeds)** | 2,000.0 +- 0.0 |" in hopper
+    assert "| `MuJoCo 4.0.1` | 1,000,000 | 1 | 2,500.0 |" in hopper
+    assert "--override MuJoCo" not in hopper  # the commands run them again on this MuJoCo
+    assert "MuJoCo: 3.3.0, 4.0.1 (2 of 4 runs recorded none)." in hopper

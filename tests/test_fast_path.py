@@ -17,6 +17,7 @@ import torch
 
 from raysim.envs import CartPole, make, register
 from raysim.envs import cartpole as cp
+from raysim.models import RowMemory
 from raysim.models.fused import MLPInference
 from raysim.models.networks import Actor, ActorCritic, ModelConfig, Tanh, mlp, sample_categorical
 from raysim.rollout import EnvShard
@@ -187,6 +188,7 @@ def test_mlp_inference_with_a_normalizer_is_bitwise_the_module_forward(activatio
         expected = net(norm(x))
         fast = MLPInference(net, norm)
         assert torch.equal(fast(x), expected)
+        assert torch.equal(MLPInference(net, norm, fixed=True)(x), expected)  # the divisor computed once
         norm.update(torch.randn(50, 4))  # new statistics are seen
         assert torch.equal(fast(x), net(norm(x)))
 
@@ -287,3 +289,92 @@ def test_an_env_that_fails_after_a_nan_still_reports_the_non_finite_value_first(
     shard = EnvShard("test/FailingAfterNaN", 3, seed=0)
     with pytest.raises(NonFiniteError, match=r"row 1 .*at step 3 \(step 3 of this chunk\)"):
         shard.rollout({"version": 0, "actor": shard.actor.state_dict()}, 10)
+
+
+def plain_gaussian_chunks(env_id, num_envs, seed, weights, config, steps, env_kwargs):
+    """The general path for a Gaussian actor: per step ``Actor.sample`` (module forward, ``torch.randn``), the actor's
+    ``env_action``, the env contract; one record per weights version in ``weights``, and the generator's state."""
+    env = make(env_id, num_envs, seed=seed, **env_kwargs)
+    actor = Actor(env.observation_spaces, env.action_space, config)
+    memory = None if actor.core is None else RowMemory(actor.core, num_envs)
+    generator = torch.Generator()
+    generator.manual_seed(derive_seed(seed, 1))
+    obs = env.reset(seed)
+    out = []
+    for version in weights:
+        actor.load_state_dict(version["actor"])
+        rec = {k: [] for k in ("obs", "actions", "logp", "reward", "terminated", "truncated")}
+        finals = []
+        for t in range(steps):
+            rec["obs"].append({k: v.clone() for k, v in obs.items()})
+            with torch.no_grad():
+                action, logp = actor.sample(obs, generator, memory=memory)
+            rec["actions"].append(action)
+            rec["logp"].append(logp)
+            step = env.step(actor.env_action(action))
+            for name in ("reward", "terminated", "truncated"):
+                rec[name].append(getattr(step, name).clone())
+            if step.done_rows.numel():
+                finals.append((t, step))
+            if memory is not None:
+                memory.restart(step.started_rows())
+            obs = step.obs
+        rec["obs"].append({k: v.clone() for k, v in obs.items()})
+        observations = rec.pop("obs")
+        rec = {k: torch.stack(v) for k, v in rec.items()}
+        rec["obs"] = {g: torch.stack([o[g] for o in observations]) for g in observations[0]}
+        rec["final_obs"] = {g: torch.cat([s.final_obs[g] for _, s in finals]) for g in obs} if finals else {}
+        rec["final_t"] = torch.cat([torch.full_like(s.done_rows, t) for t, s in finals])
+        rec["final_row"] = torch.cat([s.done_rows for _, s in finals])
+        rec["return"] = torch.cat([s.episodes["return"] for _, s in finals])
+        rec["generator"] = generator.get_state()
+        out.append(rec)
+    return out
+
+
+@pytest.mark.parametrize(
+    "env_id, num_envs, env_kwargs, config",
+    [
+        ("raysim/Reach", 3, {"max_episode_steps": 15}, {"obs_norm": False, "action_transform": "clip"}),
+        ("raysim/Reach", 8, {"max_episode_steps": 15}, {"obs_norm": True, "action_transform": "clip"}),
+        ("raysim/Reach", 64, {"max_episode_steps": 15}, {"obs_norm": True, "action_transform": "squash"}),
+        ("raysim/Reach", 8, {"max_episode_steps": 15}, {"obs_norm": False, "action_transform": "squash"}),
+        ("raysim/Reach", 8, {"max_episode_steps": 15}, {"obs_norm": True, "recurrent": "gru", "recurrent_size": 8}),
+        ("gym:Pendulum-v1", 5, {"max_episode_steps": 25}, {"obs_norm": True, "action_transform": "squash"}),
+        ("gym:Pendulum-v1", 5, {"max_episode_steps": 25}, {"obs_norm": False, "action_transform": "clip"}),
+    ],
+)
+def test_a_gaussian_actors_chunks_equal_the_general_paths_bitwise(env_id, num_envs, env_kwargs, config):
+    """``EnvShard.sample_gaussian`` (fused MLP, in place) draws what ``Actor.sample`` draws: the same actions,
+    log-probabilities, generator state and so the same observations, rewards and values, with new weights (log-std
+    and normalizer statistics) in every chunk."""
+    steps, seed = 30, 4
+    config = ModelConfig(init_log_std=-0.5, obs_norm_clip=2.0, **config)  # a small clip: clamping happens
+    shard = EnvShard(env_id, num_envs, seed=seed, env_kwargs=env_kwargs, model=config)
+    torch.manual_seed(seed)
+    model = ActorCritic(*shard.spaces()[:2], config)
+    weights = []
+    for version in range(2):
+        with torch.no_grad():
+            model.actor.log_std.add_(0.3 * torch.randn_like(model.actor.log_std))
+        if model.actor.obs_norm is not None:
+            model.actor.obs_norm.update(torch.randn(200, model.actor.obs_norm.mean.numel()) * 3 + version)
+        weights.append({"version": version, "actor": {k: v.clone() for k, v in model.actor.state_dict().items()}})
+    expected = plain_gaussian_chunks(env_id, num_envs, seed, weights, config, steps, env_kwargs)
+    recurrent = model.actor.core is not None
+    for version, rec in zip(weights, expected, strict=True):
+        chunk = shard.rollout(version, steps)
+        for group, value in rec["obs"].items():
+            assert_equal(f"obs[{group}]", chunk.obs[group], value)
+        for name in ("actions", "logp", "reward", "terminated", "truncated", "final_t", "final_row"):
+            assert_equal(name, getattr(chunk, name), rec[name])
+        for group, value in rec["final_obs"].items():
+            assert_equal(f"final_obs[{group}]", chunk.final_obs[group], value)
+        assert_equal("return", chunk.episodes["return"], rec["return"])
+        assert torch.equal(shard.generator.get_state(), rec["generator"])
+        if not recurrent:  # values: the learner's fused, blocked critic against one module forward over all T+1 obs
+            values, _ = chunk_values(model.critic, chunk)
+            with torch.no_grad():
+                flat = {g: v.flatten(0, 1) for g, v in rec["obs"].items()}
+                assert_equal("values", values, model.critic(flat).reshape(steps + 1, num_envs)[:steps])
+    assert int(chunk.truncated.sum()) > 0  # episodes ended within the chunks: final observations were compared

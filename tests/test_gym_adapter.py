@@ -43,6 +43,17 @@ class Countdown(gym.Env):
 gym.register("RaysimTest/Countdown-v0", entry_point=Countdown, max_episode_steps=100)
 
 
+class Flicker(Countdown):
+    """``Countdown`` whose every step's info has ``is_success``: whether that step's action was 1."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        return obs, reward, terminated, truncated, {"is_success": bool(action == 1)}
+
+
+gym.register("RaysimTest/Flicker-v0", entry_point=Flicker, max_episode_steps=100)
+
+
 def test_autoreset_mode_values_are_gymnasiums():
     assert [m.value for m in AutoresetMode] == MODES
     for mode in MODES:
@@ -176,6 +187,30 @@ def test_adapter_reports_a_row_terminated_and_truncated_in_the_same_step_with_bo
         assert (step.obs["policy"][:2].abs() <= 0.05).all()
         assert not torch.isclose(step.obs["policy"][:2], final).all(1).any()
     env.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_success_counted_at_any_step_reports_an_episode_whose_flag_came_and_went_in_every_mode(mode):
+    counted = {}
+    for how in ("any", "final"):
+        env = make("gym:RaysimTest/Flicker-v0", 4, seed=5, autoreset_mode=mode, success=how)
+        generator = torch.Generator().manual_seed(0)
+        seen = torch.zeros(4, dtype=torch.bool)  # the flag was set in the running episode
+        counted[how] = []
+        for _ in range(40):
+            actions = torch.randint(0, 2, (4,), generator=generator)
+            seen |= actions == 1
+            step = env.step(actions)
+            rows = step.done_rows
+            if rows.numel():
+                expected = seen[rows] if how == "any" else actions[rows] == 1
+                assert step.episodes["success"].tolist() == expected.tolist()
+                counted[how] += expected.tolist()
+                seen[rows] = False
+        env.close()
+    assert len(counted["any"]) == len(counted["final"]) > 20 and sum(counted["any"]) > sum(counted["final"])
+    with pytest.raises(ValueError, match="success must be one of"):
+        make("gym:RaysimTest/Flicker-v0", 1, success="sometimes")
 
 
 @pytest.mark.parametrize("mode", MODES)

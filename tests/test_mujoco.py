@@ -94,6 +94,7 @@ def test_bench_mujoco_names_an_unknown_config(capsys):
 def test_bench_mujoco_runs_only_the_missing_runs(tmp_path, capsys):
     """Finished runs in results.jsonl are not trained again: the table comes from them."""
     from raysim.bench import mujoco
+    from raysim.bench.results import installed_version
 
     (tmp_path / "curves").mkdir()
     lines = []
@@ -101,10 +102,23 @@ def test_bench_mujoco_runs_only_the_missing_runs(tmp_path, capsys):
         curve = f"curves/{peer}.csv"
         (tmp_path / curve).write_text("env_steps,episode_return,episodes\n1000,-300,1\n2000,1500,1\n")
         lines.append(
-            {"peer": peer, "config": "hopper_ppo", "env": "Hopper-v5", "seed": 7, "steps": 2048, "env_steps": 2048,
-             "train_seconds": seconds, "layout": "-", "training_return": ret, "eval_mean": 1000.0, "eval_std": 0.0,
-             "eval_episodes": 20, "curve": curve}
-        )  # fmt: skip
+            {
+                "peer": peer,
+                "config": "hopper_ppo",
+                "env": "Hopper-v5",
+                "seed": 7,
+                "steps": 2048,
+                "env_steps": 2048,
+                "train_seconds": seconds,
+                "layout": "-",
+                "training_return": ret,
+                "eval_mean": 1000.0,
+                "eval_std": 0.0,
+                "eval_episodes": 20,
+                "curve": curve,
+                "mujoco": installed_version("mujoco"),
+            }
+        )  # fmt: skip  (on this MuJoCo: a run on another is another run)
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     argv = ["--configs", "hopper_ppo", "--seeds", "7", "--steps", "2048", "--out", str(tmp_path)]
     assert mujoco.main(argv) == 0

@@ -115,7 +115,7 @@ def _raysim_rows(n: int, steps: int, seed: int, use_ray: bool, results: Results)
     from raysim.models import ModelConfig
     from raysim.rollout.advantages import chunk_values
 
-    model, row = _inproc_row(INPROC, n, steps, seed, ModelConfig())
+    model, row = inproc_row(INPROC, n, steps, seed, ModelConfig())
     rows = [row]
     if use_ray and RAY not in results.skipped:
         try:
@@ -125,14 +125,23 @@ def _raysim_rows(n: int, steps: int, seed: int, use_ray: bool, results: Results)
     return model, rows
 
 
-def _inproc_row(name: str, n: int, steps: int, seed: int, config: ModelConfig) -> tuple[ActorCritic, Row]:
+def inproc_row(
+    name: str,
+    n: int,
+    steps: int,
+    seed: int,
+    config: ModelConfig,
+    env_id: str = ENV_ID,
+    env_kwargs: dict[str, Any] | None = None,
+) -> tuple[ActorCritic, Row]:
     """A shard in this process and the learner-side model: ``shard.rollout(weights, T)``, then the chunk's values
-    as PPO computes them (``sequence_values``, replaying the chunk, for a recurrent model, else ``chunk_values``)."""
+    as PPO computes them (``sequence_values``, replaying the chunk, for a recurrent model, else ``chunk_values``).
+    ``env_id`` / ``env_kwargs``: the shard's env (CartPole unless given; ``raysim bench metaworld`` gives its own)."""
     from raysim.models import ActorCritic
     from raysim.rollout.advantages import chunk_values, sequence_values
     from raysim.rollout.shard import EnvShard
 
-    shard = EnvShard(ENV_ID, n, seed=seed, model=config)
+    shard = EnvShard(env_id, n, seed=seed, model=config, env_kwargs=env_kwargs)
     observation_spaces, action_space = shard.spaces()[:2]  # (obs spaces, action space, ...)
     torch.manual_seed(seed)
     model = ActorCritic(observation_spaces, action_space, config)
@@ -155,7 +164,7 @@ def _recurrent_rows(n: int, steps: int, seed: int, kinds: list[str]) -> list[Row
     rows = []
     for kind in kinds:
         config = ModelConfig(recurrent=kind, recurrent_size=RECURRENT_SIZE)
-        rows.append(_inproc_row(RECURRENT_ROWS[kind], n, steps, seed, config)[1])
+        rows.append(inproc_row(RECURRENT_ROWS[kind], n, steps, seed, config)[1])
     return rows
 
 

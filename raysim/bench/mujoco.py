@@ -1,22 +1,23 @@
 """MuJoCo locomotion benchmark: raysim's MuJoCo configs against CleanRL's published returns and a peer.
 
-For each config, seed and step budget, ``raysim`` trains the packaged config (``raysim.Trainer``,
-shards and learner as Ray actors) and ``cleanrl`` trains ``benchmarks/cleanrl_ppo_continuous.py``
-(CleanRL's ``ppo_continuous_action.py``, its settings and wrappers) on the same Gymnasium id. Each
-run reports CleanRL's measure, the mean raw training episodic return over the last 10 episodes,
-a deterministic evaluation of the final policy (quota-balanced, ``--eval-episodes``, by default the
-config's ``eval.episodes``: 20 for MuJoCo, 100 for CartPole, 400 for Reach),
-and its training seconds (start-up and evaluation excluded). Where the task defines success (the
-native ``reach_ppo``: ``raysim/Reach``), the evaluation's successes k of its n episodes and the
-lower end of their Wilson 95% interval too; the peer runs only the configs on Gymnasium ids, and
-MuJoCo is needed only by those. Each finished run is appended to ``results.jsonl`` in
-the output folder as it ends, so a later invocation runs only the runs still missing; the
-training curves go to ``curves/*.csv`` and ``curves.png``, the table to ``table.md`` and stdout. A line
-records the run's overrides and its machine, load and dates (``raysim.bench.results``); runs at other
-settings than the config as packaged now (``run_settings``) are apart from the packaged ones, and not
-skipped for them. ``--table`` trains nothing: it writes the docs page of every task in the results, one
-table over seeds and one curve picture each
-(``raysim.bench.results_page``).
+For each config, seed and step budget, ``raysim`` trains the packaged config (``raysim.Trainer``, shards
+and learner as Ray actors) and ``cleanrl`` trains ``benchmarks/cleanrl_ppo_continuous.py`` (CleanRL's
+``ppo_continuous_action.py``, its settings and wrappers) on the same Gymnasium id. Each run reports
+CleanRL's measure, the mean raw training episodic return over the last 10 episodes, a deterministic
+evaluation of the final policy (quota-balanced, ``--eval-episodes``, by default the config's
+``eval.episodes``: 20 for MuJoCo, 100 for CartPole, 400 for Reach), and its training seconds (start-up and
+evaluation excluded). Where the task defines success (the native ``reach_ppo``: ``raysim/Reach``; Meta-
+World), the evaluation's successes k of its n episodes and the lower end of their Wilson 95% interval too,
+and per task where the env has several (``eval_tasks``); the peer runs only the configs on Gymnasium ids,
+and MuJoCo is needed only by those. On an env with a scripted expert (``raysim/MetaWorld``) ``expert`` and
+``random`` are evaluated once (``raysim eval --policy``, the trained policy's episodes, no training)
+beside the seeds: the task's ceiling and floor. Each finished run is appended to ``results.jsonl`` in the
+output folder as it ends, so a later invocation runs only the runs still missing; the training curves go
+to ``curves/*.csv`` and ``curves.png``, the table to ``table.md`` and stdout. A line records the run's
+overrides and its machine, load and dates (``raysim.bench.results``); runs at other settings than the
+config as packaged now (``run_settings``) are apart from the packaged ones, and not skipped for them.
+``--table`` trains nothing: it writes the docs page of every task in the results, one table over seeds and
+one curve picture each (``raysim.bench.results_page``).
 
 ``raysim bench mujoco`` or ``python benchmarks/locomotion.py`` (``--configs``, ``--seeds`` (1-5 by default),
 ``--steps``, ``--peer-steps``, ``--quick``, ``--override``; ``--table [--docs PAGE]``; needs
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import importlib.util
 import json
 import shutil
@@ -39,9 +41,12 @@ from raysim.bench.peers import MISSING, peer_module
 from raysim.bench.results import (
     ANCHORS,
     LAST_EPISODES,
+    MUJOCO_SETTING,
     SB3_ZOO,
     SB3_ZOO_LABEL,
+    SCRIPTED,
     SMOOTH,
+    installed_version,
     load,
     machine,
     mean_std,
@@ -51,14 +56,17 @@ from raysim.bench.results import (
     run_name,
     run_settings,
     settings_label,
+    simulates_with_mujoco,
     smoothed,
 )
 from raysim.evaluation import wilson
 
 if TYPE_CHECKING:
     from raysim.config import Config
+    from raysim.evaluation import EvalReport
 
-PEERS = ("raysim", "cleanrl")
+SCRIPTED_ENVS = ("raysim/MetaWorld",)  # the envs with a scripted expert: SCRIPTED evaluated there, not trained
+PEERS = ("raysim", "cleanrl", *SCRIPTED)
 CONFIGS = ("halfcheetah_ppo", "hopper_ppo")
 
 
@@ -119,17 +127,26 @@ def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: a
     summary = raysim.Trainer(config, address=args.address).train()
     rows = read_metrics(open_storage(str(run_dir)))
     curve = [(int(r["env_steps"]), r["episode_return"], int(r["episodes"])) for r in rows if r.get("episodes")]
-    returns = [record["return"] for record in summary.evaluation.records]
-    rate = summary.evaluation.success_rate
     return {
         "env_steps": summary.env_steps,
         "train_seconds": summary.wall_time,
         "startup_seconds": summary.startup_time,
-        "eval_returns": returns,
-        "eval_successes": rate.numerator if rate is not None else None,
+        **evaluation_result(summary.evaluation),
         "layout": f"{config.shards.count} shard(s) x {config.env.num_envs} env(s) x {config.algo.num_steps} steps",
         "max_policy_lag": config.algo.max_policy_lag,
     }, curve
+
+
+def evaluation_result(report: EvalReport) -> dict:
+    """What a results line keeps of an evaluation: the returns, the successes k, and per task ``[k, c]`` where the
+    env has several tasks (``eval_tasks``, None otherwise)."""
+    rate = report.success_rate
+    tasks = {name: [task.success_rate.numerator, task.completed] for name, task in report.tasks.items()}
+    return {
+        "eval_returns": [record["return"] for record in report.records],
+        "eval_successes": rate.numerator if rate is not None else None,
+        "eval_tasks": tasks if tasks and rate is not None else None,
+    }
 
 
 def train_cleanrl(config_name: str, seed: int, steps: int, run_dir: Path, args: argparse.Namespace):
@@ -146,17 +163,39 @@ def train_cleanrl(config_name: str, seed: int, steps: int, run_dir: Path, args: 
     }, curve
 
 
-RUNNERS = {"raysim": train_raysim, "cleanrl": train_cleanrl}
+def evaluate_scripted(policy: str, config_name: str, seed: int, steps: int, run_dir: Path, args: argparse.Namespace):
+    """The env's scripted expert or uniform random actions (``raysim eval --policy``) on the episodes a trained
+    policy of the config is evaluated on (in-process: no Ray): no training, no curve."""
+    from raysim.coordinator import evaluate_policy
+
+    episodes = args.eval_episodes or packaged(config_name).eval.episodes
+    report = evaluate_policy(config_name, policy, episodes=episodes, backend="local", overrides=args.override)
+    return {"env_steps": 0, "train_seconds": 0.0, **evaluation_result(report), "layout": "-"}, []
+
+
+def scripted(peer: str, config_name: str) -> bool:
+    """Whether ``peer`` is a scripted policy (``expert``, ``random``) and the config's env has them."""
+    return peer in SCRIPTED and env_id(config_name) in SCRIPTED_ENVS
+
+
+RUNNERS = {
+    "raysim": train_raysim,
+    "cleanrl": train_cleanrl,
+    **{policy: functools.partial(evaluate_scripted, policy) for policy in SCRIPTED},
+}
 
 
 def run_one(peer: str, config_name: str, seed: int, steps: int, args: argparse.Namespace) -> dict:
     """Train one run, write its curve, and return its result line (``eval_success_lower``: the lower end
     of the Wilson 95% interval of the evaluation's successes, None where the task defines no success;
-    ``overrides``: raysim's config overrides, none for the peer, which runs its own settings)."""
-    settings = tuple(args.override) if peer == "raysim" else ()
-    name = run_name(peer, config_name, seed, steps, settings)
+    ``overrides``: the config overrides of raysim and the scripted policies, none for the peer, which runs its
+    own settings)."""
+    settings = tuple(args.override) if peer == "raysim" or peer in SCRIPTED else ()
+    version = installed_version("mujoco") if simulates_with_mujoco(env_of(config_name)) else None
+    name = run_name(peer, config_name, seed, steps, settings + ((f"mujoco={version}",) if version else ()))
     run_dir = args.out / "runs" / name
-    print(f"[{peer} {config_name} seed {seed}: training {steps:,} env steps in {run_dir}]", file=sys.stderr, flush=True)
+    doing = "evaluating" if peer in SCRIPTED else f"training {steps:,} env steps in {run_dir}"
+    print(f"[{peer} {config_name} seed {seed}: {doing}]", file=sys.stderr, flush=True)
     started, load_start = now(), load()
     result, curve = RUNNERS[peer](config_name, seed, steps, run_dir, args)
     finished, load_end = now(), load()
@@ -213,6 +252,7 @@ def table(results: list[dict]) -> str:
     for (env, steps, peer, settings), rows in sorted(groups.items()):
         seeds = ",".join(str(r["seed"]) for r in sorted(rows, key=lambda r: r["seed"]))
         name = f"{peer}, {settings_label(peer, settings)}" if settings else peer
+        name = settings_label(peer, settings) if peer in SCRIPTED else name
         lines.append(
             f"| {env} | {steps:,} | {name} | {seeds} | {mean_std([r['training_return'] for r in rows])} "
             f"| {mean_std([r['eval_mean'] for r in rows])} | {successes(rows)} "
@@ -237,7 +277,8 @@ def ratios(groups: dict[tuple, list[dict]]) -> str:
     to whole iterations differently) and training return, means over seeds."""
     lines = []
     for (env, steps, peer, settings), rows in sorted(groups.items()):
-        peers = groups.get((env, steps, "cleanrl", ()))
+        same_mujoco = tuple(o for o in settings if o.startswith(MUJOCO_SETTING))
+        peers = groups.get((env, steps, "cleanrl", same_mujoco))
         if peer != "raysim" or not peers:
             continue
 
@@ -267,7 +308,7 @@ def plot(results: list[dict], out: Path) -> Path:
     figure, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)
     colors = {"raysim": "tab:blue", "cleanrl": "tab:orange"}
     for axis, env in zip(axes[0], envs, strict=True):
-        for r in (r for r in results if r["env"] == env):
+        for r in (r for r in results if r["env"] == env and r["peer"] in colors):  # the scripted rows have no curve
             with open(out / r["curve"]) as f:
                 rows = list(csv.DictReader(f))
             x = [int(row["env_steps"]) for row in rows]
@@ -279,7 +320,8 @@ def plot(results: list[dict], out: Path) -> Path:
         if base in ANCHORS:
             axis.axhline(ANCHORS[base][0], color="grey", linestyle="--", label="CleanRL published, 1M")
         axis.set(title=env, xlabel="env steps", ylabel=f"training episode return (mean of {SMOOTH} rows)")
-        axis.legend(fontsize=7)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7)
     figure.tight_layout()
     path = out / "curves.png"
     figure.savefig(path, dpi=80)
@@ -369,9 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         budget = args.steps or packaged(config_name).train.total_steps
         for seed in args.seeds:
             for peer in peers:
-                steps = budget if peer == "raysim" else args.peer_steps or budget
-                planned = {"peer": peer, "config": config_name, "seed": seed, "steps": steps}
-                planned["overrides"] = list(args.override) if peer == "raysim" else []
+                if peer in SCRIPTED and (seed != args.seeds[0] or not scripted(peer, config_name)):
+                    continue  # its evaluation does not depend on the training seed: once
+                steps = 0 if peer in SCRIPTED else budget if peer == "raysim" else args.peer_steps or budget
+                planned = {"peer": peer, "config": config_name, "env": env_of(config_name), "seed": seed}
+                planned.update(steps=steps, mujoco=installed_version("mujoco"))
+                planned["overrides"] = list(args.override) if peer == "raysim" or peer in SCRIPTED else []
                 if run_key(planned) in done or (peer == "cleanrl" and config_name not in gymnasium):
                     continue
                 result = run_one(peer, config_name, seed, steps, args)

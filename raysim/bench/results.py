@@ -2,9 +2,9 @@
 
 A line names its run (peer, config, seed, steps and ``overrides``, the config overrides beyond the
 packaged settings), its measures (and raysim's ``max_policy_lag``), and where and when it ran (``host``,
-``cpus``, ``started`` and ``finished`` in UTC, ``load_start`` and ``load_end``: ``os.getloadavg()``), so
-a table can say on what machine, how loaded, and when. Lines written before a field existed read as
-lacking it: no overrides (the packaged settings), machine and dates unknown.
+``cpus``, ``mujoco``: its version, ``started`` and ``finished`` in UTC, ``load_start`` and ``load_end``:
+``os.getloadavg()``), so a table can say on what machine, how loaded, and when. Lines written before a
+field existed read as lacking it: no overrides (the packaged settings), machine and dates unknown.
 
 Lines are grouped by their ``settings``: the overrides against the config as packaged now (an override the
 config took since reads as packaged), the policy lag as the run recorded it (the MuJoCo configs were
@@ -14,6 +14,7 @@ overlapped until 2026-12-05 and are lockstep since).
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import os
 import platform
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from raysim.config import Config
 
 PACKAGED = "packaged"  # the label of the runs at the packaged settings
+MUJOCO = "3.3.0"  # the MuJoCo raysim pins (pyproject.toml's mujoco extra: the one metaworld 3.1.1 pins)
+MUJOCO_SETTING = "MuJoCo "  # a run's setting that says it ran on another MuJoCo: not an override
 LAG = "algo.max_policy_lag"  # overlapped collection (> 0) or lockstep (0)
 SMOOTH = 10  # the plotted curves: running mean of this many curve rows
 LAST_EPISODES = 10  # CleanRL's measure: the mean training return of the last episodes
@@ -55,14 +58,29 @@ def run_settings(row: dict) -> tuple[str, ...]:
     now, ``algo.max_policy_lag`` among them only where the run's lag (as recorded, else as its overrides set it)
     differs from the packaged one. So a MuJoCo run made when the config was overlapped reads
     ``algo.max_policy_lag=1``, and an ``algo.max_policy_lag=0`` run of it reads as packaged. A peer's runs, and
-    configs no longer packaged: their overrides as written."""
-    given = overrides(row)
+    configs no longer packaged: their overrides as written. A run of a MuJoCo task on another MuJoCo than the one
+    raysim pins (``MUJOCO``), or that recorded none, has that as a setting too (``MuJoCo 4.0.1``)."""
+    given = overrides(row) + mujoco_setting(row)
     packaged = policy_lag(row["config"], ()) if row["peer"] == "raysim" else None
     if packaged is None:
         return given
     lag = run_lag(row)
     others = tuple(o for o in given if not o.startswith(f"{LAG}=") and not packaged_now(row["config"], o))
     return others if lag == packaged else (*others, f"{LAG}={lag}")
+
+
+def simulates_with_mujoco(env: str) -> bool:
+    """Whether a results line's env steps MuJoCo (the locomotion envs, Meta-World)."""
+    return env.split("-")[0] in ANCHORS or env == "raysim/MetaWorld"
+
+
+def mujoco_setting(row: dict) -> tuple[str, ...]:
+    """``("MuJoCo <version>",)`` for a run of a MuJoCo task on another MuJoCo than ``MUJOCO`` (``MuJoCo not
+    recorded``: a line from before lines recorded it); none otherwise."""
+    if not simulates_with_mujoco(row["env"]):
+        return ()
+    version = row.get("mujoco")
+    return () if version == MUJOCO else (f"{MUJOCO_SETTING}{version or 'not recorded'}",)
 
 
 def run_lag(row: dict) -> int | None:
@@ -80,6 +98,8 @@ def policy_lag(config_name: str, given: tuple[str, ...]) -> int | None:
 
 def packaged_now(config_name: str, override: str) -> bool:
     """Whether ``override`` sets what the packaged config sets now (a setting the config took after the run)."""
+    if override.startswith(MUJOCO_SETTING):
+        return False
     config = packaged_config(config_name, (override,))
     return config is not None and config == packaged_config(config_name, ())
 
@@ -97,19 +117,27 @@ def packaged_config(config_name: str, given: tuple[str, ...]) -> Config | None:
 
 
 def run_key(row: dict) -> tuple:
-    """What makes two lines the same run: a later invocation skips a run whose key is in the results."""
+    """What makes two lines the same run: a later invocation skips a run whose key is in the results (a MuJoCo
+    task's run on another MuJoCo is another run: ``mujoco_setting``)."""
     return row["peer"], row["config"], row["seed"], row["steps"], run_settings(row)
 
 
+# the scripted policies of ``raysim eval --policy`` (``raysim.rollout.policies``), as the tables name them
+SCRIPTED = {"expert": "expert (scripted, metaworld.policies)", "random": "random (uniform actions)"}
+
+
 def settings_label(peer: str, settings: tuple[str, ...]) -> str:
-    """How a table names a group's settings: ``packaged``, its overrides, or the peer's name."""
+    """How a table names a group's settings: ``packaged``, its overrides, the scripted policy, or the peer's name."""
+    if peer in SCRIPTED:
+        return ", ".join([SCRIPTED[peer], *(f"`{o}`" for o in settings)])
     if peer != "raysim":
         return f"{peer} (its own settings)"
     return ", ".join(f"`{o}`" for o in settings) if settings else PACKAGED
 
 
 def run_name(peer: str, config_name: str, seed: int, steps: int, settings: tuple[str, ...]) -> str:
-    """The run's folder and curve name; overrides mark it off from the packaged run (``...-algo.max_policy_lag=0``)."""
+    """The run's folder and curve name; overrides mark it off from the packaged run (``...-algo.max_policy_lag=0``),
+    and so does a MuJoCo version (``...-mujoco=3.3.0``)."""
     name = f"{peer}-{config_name}-s{seed}-{steps}"
     return "-".join([name, *(re.sub(r"[^\w.=-]", "_", o) for o in settings)])
 
@@ -128,8 +156,16 @@ def load() -> list[float] | None:
 
 
 def machine() -> dict:
-    """Where a run ran: host name and CPU count."""
-    return {"host": platform.node(), "cpus": os.cpu_count()}
+    """Where a run ran: host name, CPU count and the MuJoCo it simulated with (None where not installed)."""
+    return {"host": platform.node(), "cpus": os.cpu_count(), "mujoco": installed_version("mujoco")}
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of ``package``, None where it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def mean_std(values: list[float]) -> str:

@@ -21,14 +21,18 @@ from raysim.bench.results import (
     ANCHORS,
     LAG,
     LAST_EPISODES,
+    MUJOCO_SETTING,
     SB3_ZOO,
     SB3_ZOO_LABEL,
+    SCRIPTED,
     SMOOTH,
     mean_std,
+    mujoco_setting,
     overrides,
     run_lag,
     run_settings,
     settings_label,
+    simulates_with_mujoco,
     smoothed,
 )
 from raysim.bench.welch import welch
@@ -62,7 +66,11 @@ def write_page(results: list[dict], out: Path, page: Path) -> list[Path]:
         "published `ppo_continuous_action.py` figures at 1M env steps on the MuJoCo v4 envs (training return), and "
         "SB3 + RL Zoo's published PPO models at 1M steps with the Zoo's tuned settings on the v3 envs (one model "
         "each, its deterministic evaluation over 10 episodes: a spread over episodes, not seeds); raysim's runs "
-        "use v5, with the same dynamics and rewards.\n\n" + "\n".join(sections)
+        "use v5, with the same dynamics and rewards. Meta-World tasks count an episode's success at any step (the "
+        "benchmark's count), list each task's successes where a config has several, with the unweighted mean over "
+        "tasks, and add two rows evaluated on the same episodes without training: the task's scripted expert "
+        "(`metaworld.policies`) and uniform random actions (`raysim eval --policy expert|random`).\n\n"
+        + "\n".join(sections)
     )
     return [page, *written]
 
@@ -75,9 +83,10 @@ def task_section(config_name: str, rows: list[dict], picture: str | None) -> str
     for key, group in groups(rows).items():
         peer, settings, steps = key
         label = settings_label(peer, settings)
+        budget = "- (evaluated only)" if peer in SCRIPTED else f"{steps:,}"
         for r in sorted(group, key=lambda r: r["seed"]):
             lines.append(
-                f"| {label} | {steps:,} | {r['seed']} | {number(r.get('training_return'))} "
+                f"| {label} | {budget} | {r['seed']} | {number(r.get('training_return'))} "
                 f"| {number(r.get('eval_mean'))} | {success(r)} | {number(r.get('train_seconds'))} |"
             )
         training, evaluation, seconds = (
@@ -85,10 +94,11 @@ def task_section(config_name: str, rows: list[dict], picture: str | None) -> str
         )
         seeds = f"{len(group)} seed{'s' if len(group) > 1 else ''}"
         lines.append(
-            f"| {label} | {steps:,} | **mean +- std ({seeds})** | {over_seeds(training)} "
+            f"| {label} | {budget} | **mean +- std ({seeds})** | {over_seeds(training)} "
             f"| {over_seeds(evaluation)} | {pooled_success(group)} | {over_seeds(seconds)} |"
         )
     lines.extend(anchor_rows(env))
+    lines.extend(per_task_table(rows))
     lines.extend(["", "To run a group again:", ""])
     lines.extend(
         f"- {settings_label(key[0], key[1])}: `{command(config_name, key, group)}`"
@@ -105,11 +115,12 @@ def command(config_name: str, key: tuple, group: list[dict]) -> str:
     """The command that runs a group again: its peer, seeds, budget, evaluation episodes and settings."""
     peer, settings, steps = key
     seeds = " ".join(str(seed) for seed in sorted(r["seed"] for r in group))
-    words = ["raysim bench mujoco --configs", config_name, "--seeds", seeds, "--peers", peer, "--steps", str(steps)]
+    words = ["raysim bench mujoco --configs", config_name, "--seeds", seeds, "--peers", peer]
+    words += [] if peer in SCRIPTED else ["--steps", str(steps)]
     episodes = {r.get("eval_episodes") for r in group} - {None}
     if len(episodes) == 1:
         words += ["--eval-episodes", str(episodes.pop())]
-    return " ".join(words + [f"--override {o}" for o in settings])
+    return " ".join(words + [f"--override {o}" for o in settings if not o.startswith(MUJOCO_SETTING)])
 
 
 def groups(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -137,7 +148,11 @@ def provenance(rows: list[dict]) -> str:
     when += unrecorded(rows, "finished")
     hosts += unrecorded(rows, "host")
     busy += unrecorded(rows, "load_end")
-    return f"Runs finished: {when}. Machine: {hosts}. Load: {busy}."
+    line = f"Runs finished: {when}. Machine: {hosts}. Load: {busy}."
+    if simulates_with_mujoco(rows[0]["env"]):  # the version of what the task steps
+        mujoco = ", ".join(sorted({r["mujoco"] for r in rows if r.get("mujoco")})) or "not recorded"
+        line += f" MuJoCo: {mujoco}{unrecorded(rows, 'mujoco')}."
+    return line
 
 
 def unrecorded(rows: list[dict], key: str) -> str:
@@ -173,6 +188,37 @@ def pooled_success(group: list[dict]) -> str:
     return f"{k:,}/{n:,} ({wilson(k, n)[0]:.3f}); lowest seed {lowest:.3f}"
 
 
+def per_task_table(rows: list[dict]) -> list[str]:
+    """A multi-task config's evaluation per task: a column per run (group and seed), each task's successes
+    ``k/c (Wilson 95% lower)``, and the unweighted mean of the per-task rates (each task counts the same)."""
+    runs = [(key, r) for key, group in groups(rows).items() for r in sorted(group, key=lambda r: r["seed"])]
+    runs = [(key, r) for key, r in runs if r.get("eval_tasks")]
+    if not runs:
+        return []
+    names = list(runs[0][1]["eval_tasks"])
+    lines = [
+        "",
+        "Per task (evaluation episode j plays task j mod K):",
+        "",
+        "| task | " + " | ".join(f"{settings_label(key[0], key[1])}, seed {r['seed']}" for key, r in runs) + " |",
+        "|---|" + "---|" * len(runs),
+    ]
+    for name in names:
+        cells = []
+        for _, r in runs:
+            k, c = r["eval_tasks"].get(name, (None, 0))
+            cells.append(f"{k}/{c} ({wilson(k, c)[0]:.3f})" if c else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    means = [
+        f"{statistics.fmean(k / c for k, c in r['eval_tasks'].values()):.3f}"
+        if all(c for _, c in r["eval_tasks"].values())
+        else "- (a task completed no episode)"
+        for _, r in runs
+    ]
+    lines.append("| **mean over tasks (unweighted)** | " + " | ".join(means) + " |")
+    return lines
+
+
 def anchor_rows(env: str) -> list[str]:
     """The published figures for the env, as table rows (none for tasks without any)."""
     base = env.split("-")[0]
@@ -187,11 +233,15 @@ def anchor_rows(env: str) -> list[str]:
 
 
 def overlap_lines(rows: list[dict]) -> list[str]:
-    """Overlapped (``algo.max_policy_lag`` > 0) minus lockstep (0) runs of the config, at each budget both hold
-    with no other setting apart: the difference of means of each measure with its Welch 95% interval."""
+    """Overlapped (``algo.max_policy_lag`` > 0) minus lockstep (0) runs of the config, at each budget and MuJoCo
+    both hold with no other setting apart: the difference of means of each measure with its Welch 95% interval."""
     lines = []
-    for steps in sorted({r["steps"] for r in rows}):
-        alike = [r for r in rows if r["peer"] == "raysim" and r["steps"] == steps and not other_settings(r)]
+    for steps, mujoco in sorted({(r["steps"], mujoco_setting(r)) for r in rows}):
+        alike = [
+            r
+            for r in rows
+            if r["peer"] == "raysim" and r["steps"] == steps and mujoco_setting(r) == mujoco and not other_settings(r)
+        ]
         lag = {id(r): run_lag(r) or 0 for r in alike}
         overlapped = [r for r in alike if lag[id(r)] > 0]
         lockstep = [r for r in alike if lag[id(r)] == 0]
@@ -199,6 +249,7 @@ def overlap_lines(rows: list[dict]) -> list[str]:
             continue
         lags = ", ".join(str(n) for n in sorted({lag[id(r)] for r in overlapped}))
         head = f"Overlapped (`{LAG}` {lags}) - lockstep (`{LAG}` 0), {steps:,} steps"
+        head += "".join(f", `{setting}`" for setting in mujoco)
         if len(overlapped) < 2 or len(lockstep) < 2:
             lines += [f"{head}: Welch's interval needs two seeds of each ({len(overlapped)} and {len(lockstep)}).", ""]
             continue

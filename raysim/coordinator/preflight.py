@@ -16,12 +16,18 @@ from raysim.envs import make, stacked
 from raysim.envs.errors import CannotRender, EnvOptionError, MissingDependencyError, UnknownEnvError
 from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.messages import captured
+from raysim.envs.registry import row_multiple
 from raysim.envs.spaces import is_image_space
 from raysim.models import ActorCritic, ModelConfig
+from raysim.rollout.policies import scripted_policy
 from raysim.storage import is_uri, unwritable
 
 #: Model settings that only an image group's encoder reads.
 IMAGE_SETTINGS = ("cnn", "cnn_features", "shared_encoders")
+
+
+class RowCountError(Exception):
+    """A row count that is not a multiple of what the task needs (``row_multiple``)."""
 
 
 def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]:
@@ -30,8 +36,14 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
     can have no effect refuses a ``new_run``; a run trained with it (a resume, an evaluation) only hears of it."""
     env_id = config.env.id
     try:
+        rows = row_multiple(env_id, config.env.kwargs)  # 1 but for a task over the rows (K tasks: K rows)
+        for key, count in (("env.num_envs", config.env.num_envs), ("eval.num_envs", config.eval.num_envs)):
+            if count % rows:
+                raise RowCountError(f"{key}: {count} is not a multiple of {rows} ({env_id}: one row per task)")
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
-            env = make(env_id, 1, seed=0, **config.env.kwargs)
+            env = make(env_id, rows, seed=0, success=config.env.success, **config.env.kwargs)
+    except RowCountError as error:
+        raise ConfigError(str(error)) from None
     except (UnknownEnvError, MissingDependencyError) as error:
         raise ConfigError(f"env.id: {one_line(error)}") from error
     except EnvOptionError as error:
@@ -101,6 +113,21 @@ def check_renders(config: Config) -> None:
         env.frames(config.eval.video_size)
     except CannotRender as error:
         raise ConfigError(f"a video of {env_id} cannot be made: {one_line(error)}") from error
+    finally:
+        env.close()
+
+
+def check_policy(config: Config, policy: str) -> None:
+    """A ``ConfigError`` when the env of ``config`` cannot play the scripted ``policy`` (``raysim.rollout.policies``:
+    no scripted expert, an unbounded action space): its rows are built as an evaluation shard builds them."""
+    env_id = config.env.id
+    rows = row_multiple(env_id, config.env.kwargs)
+    with captured():  # what building the env prints was said by ``check_env_and_model``
+        env = make(env_id, rows, seed=0, evaluation=True, success=config.env.success, **config.env.kwargs)
+    try:
+        scripted_policy(policy, stacked(env, config.env.frame_stack))
+    except ValueError as error:
+        raise ConfigError(f"--policy {policy}: {one_line(error)}") from error
     finally:
         env.close()
 

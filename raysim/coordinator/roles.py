@@ -67,6 +67,7 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
         on_nonfinite=config.env.on_nonfinite,
         frame_stack=config.env.frame_stack,
         evaluation=evaluation,
+        success=config.env.success,
         options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},
     )
 

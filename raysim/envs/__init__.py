@@ -3,12 +3,14 @@
 from raysim.envs.cartpole import CartPole
 from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.envs.frame_stack import FrameStack, FrameStackConfig, stacked
+from raysim.envs.meta_world import MetaWorld
 from raysim.envs.reach import Reach
 from raysim.envs.reach_camera import ReachCamera
 from raysim.envs.registry import make, register, registered
 from raysim.envs.torch_env import TorchEnv
 
 register("raysim/CartPole", CartPole)
+register("raysim/MetaWorld", MetaWorld)  # needs raysim[metaworld] when built
 register("raysim/Reach", Reach)
 register("raysim/ReachCamera", ReachCamera)
 
@@ -21,6 +23,7 @@ __all__ = [
     "CartPole",
     "FrameStack",
     "FrameStackConfig",
+    "MetaWorld",
     "Obs",
     "RaysimEnv",
     "RaysimVectorEnv",

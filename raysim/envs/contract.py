@@ -19,6 +19,9 @@ Rules (the same as docs/concepts.md, "The step contract"):
 - ``obs`` may be a view of the env's state: read it (or copy it) before the next ``step``.
 - ``episodes`` is a dict of columns aligned with ``done_rows``; at least ``return`` (float32)
   and ``length`` (int64), plus ``success`` (bool) where the task defines it, plus any task scalar.
+  ``success`` is counted as ``success_count`` says: the flag at the episode's last step (``final``), or
+  set at any step of it (``any``). An env with several tasks (``task_names``) reports ``task`` (int64), the index
+  of the episode's task; evaluation records carry its name.
 - A done is not always an episode: a row whose trajectory ends while its episode goes on (a life lost
   in an Atari game under episodic life: ``terminated`` for the bootstrap rule, the game continues)
   is in ``done_rows`` and ``final_obs`` but not in ``episode_rows``, the rows whose episode ended;
@@ -43,6 +46,8 @@ import torch
 from raysim.envs.errors import CannotRender
 
 Obs = dict[str, torch.Tensor]
+#: The ways an episode's success is counted (``BatchedEnv.count_success``).
+SUCCESS_COUNTS = ("any", "final")
 
 
 @dataclass
@@ -83,7 +88,9 @@ class BatchedEnv:
     Subclasses set ``env_id``, ``num_envs``, ``observation_spaces`` (one space per observation
     group, per row), ``action_space`` (per row) and ``max_episode_steps``, and implement
     ``reset``, ``reset_rows`` and ``step``. Native torch tasks derive from ``TorchEnv``, which
-    implements the contract once.
+    implements the contract once. An env with a scripted expert (``raysim/MetaWorld``) also has
+    ``expert_actions()``: the expert's action ``[N, ...]`` for every row in the state it is in
+    (``raysim.rollout.policies``, ``raysim eval --policy expert``).
     """
 
     env_id: str
@@ -99,6 +106,22 @@ class BatchedEnv:
     #: Whether the episode reports carry ``success``: a property of the task, known before any episode
     #: ends (an evaluation with no completed episode still reports k/n); None: only the reports can tell.
     defines_success: bool | None = None
+    #: How the reports count ``success``: ``final`` (the flag at the episode's last step) or ``any`` (set at any
+    #: step of it, as Meta-World counts it); ``count_success`` sets it (``env.success``, reporting only).
+    success_count: str = "final"
+    #: The tasks the rows play, by index, where the env has several (``raysim/MetaWorld``): its episode reports
+    #: then carry ``task``, the index of the episode's task in this list; empty: one task, no ``task`` column.
+    task_names: tuple[str, ...] = ()
+
+    def count_success(self, how: str | None) -> None:
+        """Count ``success`` in the episode reports as ``how`` says (``any`` or ``final``; None: the env's own).
+
+        The base counts both the same: an env whose success ends its episode (the native tasks) or that defines
+        none has nothing to tell apart; an env whose flag can come and go within an episode overrides this."""
+        if how is not None and how not in SUCCESS_COUNTS:
+            raise ValueError(f"{self.env_id}: success must be one of {list(SUCCESS_COUNTS)}, got {how!r}")
+        if how is not None:
+            self.success_count = how
 
     def reset(self, seed: int | None = None) -> Obs:
         """Start a new episode in every row; ``seed`` makes the whole batch reproducible."""

@@ -82,6 +82,9 @@ class FrameStack(BatchedEnv):
         self.env_id, self.num_envs, self.action_space = env.env_id, env.num_envs, env.action_space
         self.max_episode_steps, self.seeded_reset = env.max_episode_steps, env.seeded_reset
         self.resets_rows, self.defines_success = env.resets_rows, env.defines_success
+        self.task_names = env.task_names
+        if hasattr(env, "expert_actions"):  # a scripted expert reads the rows' states, which stacking leaves alone
+            self.expert_actions = env.expert_actions
         self.stacks: Obs = {}
 
     def reset(self, seed: int | None = None) -> Obs:

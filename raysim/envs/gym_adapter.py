@@ -22,7 +22,8 @@ Observations: a ``Box`` space becomes the ``policy`` group; a ``Dict`` of ``Box`
 key to a group of the same name (the model config names the groups its networks read). An image
 group (``raysim.envs.spaces``: a uint8 ``Box`` of three dimensions) stays uint8; every other group
 becomes float32. Episode reports carry ``return``, ``length`` and, where the env's info has
-``is_success`` or ``success``, ``success``.
+``is_success`` or ``success``, ``success``: its value at the episode's last step, or under ``env.success: any``
+whether it was set at any step (the adapter reads every step's info; ``count_success``).
 
 Pictures (``frames``, for videos) are the sub-envs' own ``render()`` in ``render_mode="rgb_array"``,
 which a filmed evaluation sets (``with_pictures``); ``render_mode`` does not change what the env is
@@ -121,6 +122,7 @@ class GymAdapter(BatchedEnv):
         self.episode_return = np.zeros(self.num_envs, dtype=np.float32)
         self.episode_length = np.zeros(self.num_envs, dtype=np.int64)
         self._pending_reset = np.zeros(self.num_envs, dtype=bool)
+        self._succeeded = np.zeros(self.num_envs, dtype=bool)  # success set at some step of the running episode
         self._seed = seed
         self._obs: Obs = {}
         self.reset(seed)
@@ -130,6 +132,7 @@ class GymAdapter(BatchedEnv):
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
         self._pending_reset[:] = False
+        self._succeeded[:] = False
         self._obs = self._to_groups(obs)
         return self._obs
 
@@ -145,6 +148,7 @@ class GymAdapter(BatchedEnv):
         obs, _ = self.vec.reset(seed=per_row, options={"reset_mask": mask})
         self.episode_return[mask] = 0.0
         self.episode_length[mask] = 0
+        self._succeeded[mask] = False
         self._obs = self._to_groups(obs)
         return self._obs
 
@@ -160,6 +164,9 @@ class GymAdapter(BatchedEnv):
         self.episode_return += reward
         self.episode_length += valid
         done_rows = np.flatnonzero(done)
+        if self.success_count == "any":  # a SAME_STEP env's done rows show their next episode's info: not theirs
+            theirs = valid & ~done if self.mode == AutoresetMode.SAME_STEP else valid
+            self._succeeded |= _success_flags(info, self.num_envs) & theirs
         final_obs: Obs = {}
         episodes: dict[str, torch.Tensor] = {}
         if done_rows.size:
@@ -177,7 +184,10 @@ class GymAdapter(BatchedEnv):
             }
             success = [_success(i) for i in final_info]
             if all(s is not None for s in success):
+                if self.success_count == "any":
+                    success = [s or bool(self._succeeded[i]) for s, i in zip(success, done_rows, strict=True)]
                 episodes["success"] = torch.tensor(success, dtype=torch.bool)
+            self._succeeded[done_rows] = False
             self.episode_return[done_rows] = 0.0
             self.episode_length[done_rows] = 0
             if self.mode != AutoresetMode.SAME_STEP and self.masked_reset:
@@ -233,8 +243,14 @@ def with_pictures(env_id: str, options: dict[str, Any]) -> dict[str, Any]:
 def register_namespace(gym_id: str) -> None:
     """Import the package that registers ``gym_id`` (``ale_py`` for ``ALE/...`` ids, and for an unregistered id
     without a namespace when ale-py is installed); a ``MissingDependencyError`` saying what to install when the
-    namespace's package is not installed."""
+    namespace's package is not installed. Meta-World's ids are refused: raysim runs it natively
+    (``raysim/MetaWorld``)."""
     namespace = gym_id.split("/")[0] if "/" in gym_id else None
+    if namespace == "Meta-World":
+        raise UnknownEnvError(
+            f"gym:{gym_id}: Meta-World's Gymnasium envs ignore reset seeds; use env.id raysim/MetaWorld "
+            "(env.kwargs: benchmark MT1 / MT10 / MT50, tasks, goals; needs raysim[metaworld])"
+        )
     if namespace is None and gym_id not in gym.registry and _installed("ale_py"):
         namespace = "ALE"  # ale-py also registers ids without a namespace (BreakoutNoFrameskip-v4)
     if namespace not in NAMESPACE_PACKAGES:
@@ -293,6 +309,16 @@ def _row_info(info: dict, row: int) -> dict:
         for k, v in info.items()
         if not k.startswith("_") and info.get(f"_{k}", np.ones(row + 1, bool))[row]
     }
+
+
+def _success_flags(info: dict, num_envs: int) -> np.ndarray:
+    """Every row's success flag in a vector env's step ``info`` (``is_success`` or ``success``; False where a
+    row has none)."""
+    for key in ("is_success", "success"):
+        if key in info:
+            present = np.asarray(info.get(f"_{key}", np.ones(num_envs, bool)), dtype=bool)
+            return np.asarray(info[key]).astype(bool).reshape(num_envs) & present
+    return np.zeros(num_envs, dtype=bool)
 
 
 def _success(info: dict | None) -> bool | None:

@@ -66,21 +66,43 @@ def export_resources(env_id: str, options: dict[str, Any], directory: Path) -> d
     return hook(materialize(env_id, options), directory) if hook is not None else copy.deepcopy(options)
 
 
-def make(env_id: str, num_envs: int, seed: int | None = None, evaluation: bool = False, **kwargs: Any) -> BatchedEnv:
+def row_multiple(env_id: str, options: dict[str, Any]) -> int:
+    """What every row count of ``env_id`` must be a multiple of (its ``row_multiple`` hook: a task over the rows,
+    ``raysim/MetaWorld``'s K tasks); 1 for the others."""
+    hook = None if env_id.startswith("gym:") else getattr(factory(env_id), "row_multiple", None)
+    return 1 if hook is None else int(hook(copy.deepcopy(options)))
+
+
+def make(
+    env_id: str,
+    num_envs: int,
+    seed: int | None = None,
+    evaluation: bool = False,
+    success: str | None = None,
+    **kwargs: Any,
+) -> BatchedEnv:
     """Build ``num_envs`` rows of ``env_id`` (``raysim/<Name>`` or ``gym:<Gymnasium id>``).
 
     ``evaluation``: the env as evaluation plays it, without what only shapes training (the Atari preset's
     episodic life and reward clipping, ``raysim.envs.atari``); the native tasks have none of that.
+    ``success``: how the episode reports count success (``BatchedEnv.count_success``; None: the env's own count).
     The env works on its own deep copy of ``kwargs``: the caller's objects are never mutated.
     """
     check_num_envs(num_envs)
     if env_id.startswith("gym:"):
         from raysim.envs.gym_adapter import make_gym
 
-        return make_gym(env_id[len("gym:") :], num_envs, seed, evaluation, **copy.deepcopy(kwargs))
-    build = factory(env_id)
-    check_options(env_id, build, kwargs)
-    return build(num_envs=num_envs, seed=seed, **materialize(env_id, kwargs))
+        env = make_gym(env_id[len("gym:") :], num_envs, seed, evaluation, **copy.deepcopy(kwargs))
+    else:
+        build = factory(env_id)
+        check_options(env_id, build, kwargs)
+        env = build(num_envs=num_envs, seed=seed, **materialize(env_id, kwargs))
+    try:
+        env.count_success(success)
+    except ValueError:
+        env.close()
+        raise
+    return env
 
 
 def check_options(env_id: str, build: EnvFactory, options: dict[str, Any]) -> None:

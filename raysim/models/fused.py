@@ -12,6 +12,8 @@ torch calls into buffers allocated once per batch size:
 - ``ReLU``: ``relu_``; any other module is called as is;
 - an input normalizer (``norm``, a ``RunningNorm``: ``model.obs_norm``) first, as the module
   does it: ``x - mean``, ``/ sqrt(var + epsilon)``, clamp, into a buffer (elementwise, so bitwise).
+  With ``fixed`` its statistics are promised not to change while the instance is used (a shard's
+  acting run): the divisor ``sqrt(var + epsilon)`` is computed once, not at every call.
 
 The results are bitwise equal to ``net(x)`` (tests/test_fast_path.py checks it). The returned
 tensor is a buffer that the next call with the same batch size overwrites (copy what you keep),
@@ -31,9 +33,10 @@ from raysim.models.normalizer import RunningNorm
 class MLPInference:
     """Inference-only forward of a ``nn.Sequential`` of ``Linear`` layers and activations."""
 
-    def __init__(self, net: nn.Sequential, norm: RunningNorm | None = None):
+    def __init__(self, net: nn.Sequential, norm: RunningNorm | None = None, fixed: bool = False):
         self.net = net
         self.norm = norm  # its live buffers are read at every call (statistics loaded in place are seen)
+        self._std = norm.std() if fixed and norm is not None else None  # the divisor, when the statistics are fixed
         self._norm_buffers: dict[int, torch.Tensor] = {}  # batch size -> normalized input
         self.plan = self._plan()  # views of the live parameters: load_state_dict (in place) is seen
         self._buffers: dict[int, list[torch.Tensor]] = {}  # batch size -> one output buffer per Linear
@@ -79,7 +82,7 @@ class MLPInference:
             if normalized is None or normalized.shape[1] != x.shape[1]:
                 normalized = self._norm_buffers[rows] = x.new_empty((rows, x.shape[1]))
             torch.sub(x, norm.mean, out=normalized)
-            torch.div(normalized, norm.std(), out=normalized)
+            torch.div(normalized, norm.std() if self._std is None else self._std, out=normalized)
             torch.clamp(normalized, -norm.clip, norm.clip, out=normalized)
             h = normalized
         for index, ((weight_t, bias, activation), buffer) in enumerate(zip(plan, buffers, strict=True)):

@@ -1,7 +1,7 @@
 """Rollout collection: EnvShard and its plans, the rollout chunk, the inference-mode context, advantages."""
 
 from raysim.rollout.chunk import RolloutChunk
-from raysim.rollout.endings import Collection, EvalEpisodes, FixedSteps, GroupEpisodes, GroupResetError
+from raysim.rollout.endings import Collection, EvalEpisodes, FixedSteps, GroupEpisodes, GroupResetError, Scoring
 from raysim.rollout.inference import inference
 from raysim.rollout.shard import EnvShard, NonFiniteError
 
@@ -14,5 +14,6 @@ __all__ = [
     "GroupResetError",
     "NonFiniteError",
     "RolloutChunk",
+    "Scoring",
     "inference",
 ]

@@ -20,7 +20,7 @@ into an *ending*, the object its loop consults::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +29,7 @@ import torch
 from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.models import Actor, RowMemory
 from raysim.rollout.chunk import RolloutChunk
+from raysim.rollout.policies import EvalPolicy, LearnedPolicy, scripted_policy
 from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_seed
 
 
@@ -73,7 +74,9 @@ class EvalEpisodes:
     batched, see ``Actor.forward``). ``max_steps``: the steps an episode may take; one still running
     then is cut and not counted. ``stop_after`` ends the run once that many episodes were counted
     ("first n to finish", the biased count kept for comparison; which episodes those are depends on
-    the layout).
+    the layout). ``policy``: what acts (``raysim.rollout.policies``): None, the shard's actor with the
+    weights ``EnvShard.evaluate`` loads; ``random`` (uniform actions from the same keyed noise, whatever
+    ``deterministic`` says) or ``expert`` (the env's scripted expert), which need no weights.
     """
 
     quotas: Sequence[int]
@@ -83,6 +86,20 @@ class EvalEpisodes:
     deterministic: bool = True
     stop_after: int | None = None
     rows: int | None = None
+    policy: str | None = None
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What counting an evaluation needs of the task: whether it defines success, and its tasks by index
+    (``BatchedEnv.task_names``; row ``r`` plays task ``r mod K``, so episode ``j`` plays task ``j mod K``)."""
+
+    defines_success: bool | None
+    task_names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, env: BatchedEnv) -> Scoring:
+        return cls(env.defines_success, tuple(env.task_names))
 
 
 Collection = FixedSteps | GroupEpisodes  # what an algorithm asks the shards to collect
@@ -105,6 +122,8 @@ class Acting(Protocol):
 
     def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
 
+    def sample_gaussian(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
+
     def restart_rows(self, step: Step, rows: torch.Tensor) -> int: ...
 
     def take_fresh(self) -> bool: ...
@@ -112,6 +131,8 @@ class Acting(Protocol):
 
 class Ending:
     """The parts of the acting loop that depend on what the run is for (see the module docstring)."""
+
+    shard: Acting
 
     #: False: finiteness may be checked once over the recorded chunk afterwards (``on_nonfinite: raise``).
     checks_each_step = True
@@ -127,6 +148,11 @@ class Ending:
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         raise NotImplementedError
+
+    @property
+    def env_action(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """How the env receives ``act``'s actions (read once per run): the actor's, mapped into the action space."""
+        return self.shard.actor.env_action
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         """After the env stepped; ``bad`` marks rows whose non-finite values were discarded (or None)."""
@@ -149,15 +175,20 @@ class ChunkBuffer:
         self.terminated = torch.empty(T, N, dtype=torch.bool)
         self.truncated = torch.empty(T, N, dtype=torch.bool)
         self.mask = torch.ones(T, N, dtype=torch.bool)
-        self.fast = shard.actor.discrete  # discrete actions are sampled straight into the buffers
-        self.actions = torch.empty(T, N, dtype=torch.int64) if self.fast else None
+        actor = shard.actor  # actions are sampled straight into the buffers
+        self.sample = shard.sample_discrete if actor.discrete else shard.sample_gaussian
+        self.actions = (
+            torch.empty(T, N, dtype=torch.int64)
+            if actor.discrete
+            else torch.empty(T, N, actor.log_std.numel(), dtype=actor.log_std.dtype)
+        )
         self.finals: list[tuple[int, Step]] = []
         self.nonfinite = 0
         # per-step views made once per chunk (one unbind each instead of an indexing call per step)
         self.obs_t = {k: v.unbind(0) for k, v in self.obs.items()}
         self.reward_t, self.logp_t = self.reward.unbind(0), self.logp.unbind(0)
         self.terminated_t, self.truncated_t = self.terminated.unbind(0), self.truncated.unbind(0)
-        self.actions_t = self.actions.unbind(0) if self.fast else None
+        self.actions_t = self.actions.unbind(0)
         memory = shard.memory  # a recurrent actor's: the rows' state before obs[0], and where episodes start
         self.state0 = None if memory is None else memory.state.clone()
         self.starts = None if memory is None else torch.empty(T + 1, N, dtype=torch.bool)
@@ -170,13 +201,7 @@ class ChunkBuffer:
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         """A sampled action for every row, written with its log-probability into step ``t``."""
-        if self.fast:
-            return self.shard.sample_discrete(obs, self.actions_t[t], self.logp_t[t])
-        action, self.logp[t] = self.shard.actor.sample(obs, self.shard.generator, memory=self.shard.memory)
-        if self.actions is None:
-            self.actions = torch.empty((self.capacity, *action.shape), dtype=action.dtype)
-        self.actions[t] = action
-        return action
+        return self.sample(obs, self.actions_t[t], self.logp_t[t])
 
     def record(self, t: int, step: Step) -> None:
         if step.valid is not None:
@@ -390,10 +415,11 @@ class EvalEnding(Ending):
     """``EvalEpisodes``: each row's episodes by index; yields ``(record, report)`` per counted episode.
 
     ``record`` holds scalars: the episode index ``episode`` (j), its reset ``seed``, ``terminated``,
-    ``truncated``, the env's report fields, and two facts of the layout, the global ``row`` that
-    played it and the batched ``step`` it finished at; ``report`` is the env-owned episode report as
-    the env gave it. An episode with a non-finite value (``on_nonfinite: mask``) is not counted:
-    ``excluded`` counts it. A row that played its quota idles (its episodes are ignored).
+    ``truncated``, the env's report fields (``task`` by name where the env has several:
+    ``BatchedEnv.task_names``), and two facts of the layout, the global ``row`` that played it and the
+    batched ``step`` it finished at; ``report`` is the env-owned episode report as the env gave it. An
+    episode with a non-finite value (``on_nonfinite: mask``) is not counted: ``excluded`` counts it. A
+    row that played its quota idles (its episodes are ignored).
 
     An env that cannot reset single rows (``BatchedEnv.resets_rows`` False: a Gymnasium vector env
     vectorized ``native``) keeps per-row keys: the shard's rows start from one batch seed,
@@ -412,11 +438,16 @@ class EvalEnding(Ending):
         self.first = torch.arange(N) + plan.row_offset  # each row's first episode index: its global row
         self.played = torch.zeros(N, dtype=torch.int64)  # each row's episodes ended or cut: it plays the next
         self.quota = torch.as_tensor(list(plan.quotas), dtype=torch.int64)
-        self.noise_key = torch.zeros(N, dtype=torch.int64)  # of each row's running episode (stochastic)
+        self.noise_key = torch.zeros(N, dtype=torch.int64)  # of each row's running episode: its action noise
         self.episode_step = torch.zeros(N, dtype=torch.int64)  # steps of it: its noise counter, its budget
         self.discarding = torch.zeros(N, dtype=torch.bool)  # running a cut episode the env has yet to end
         self.results: list[tuple[dict, dict]] = []
         self.excluded = 0
+        self.policy: EvalPolicy = (
+            LearnedPolicy(shard.actor, shard.memory, plan.deterministic)
+            if plan.policy is None
+            else scripted_policy(plan.policy, shard.env)
+        )
 
     def episode(self, row: int) -> int:
         """The index j of ``row``'s running episode."""
@@ -428,7 +459,7 @@ class EvalEnding(Ending):
     def start(self, rows: list[int]) -> Obs | None:
         """Start the next episode of ``rows`` from its seed; the obs of all rows (None: the env starts them)."""
         episodes = [self.episode(r) for r in rows]
-        if not self.plan.deterministic:
+        if not self.plan.deterministic or self.plan.policy is not None:
             keys = [derive_seed(self.plan.seed, EVAL_ACTION_NOISE, j) for j in episodes]
             self.noise_key[rows] = torch.tensor(keys, dtype=torch.int64)
         self.episode_step[rows] = 0
@@ -452,10 +483,11 @@ class EvalEnding(Ending):
         )
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
-        actor, memory = self.shard.actor, self.shard.memory
-        if self.plan.deterministic:
-            return actor.deterministic(obs, by_row=True, memory=memory)
-        return actor.sample(obs, keys=(self.noise_key, self.episode_step), by_row=True, memory=memory)[0]
+        return self.policy.act(obs, (self.noise_key, self.episode_step))
+
+    @property
+    def env_action(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.policy.env_action
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         self.episode_step += 1 if step.valid is None else step.valid  # an env's own reset transition is none
@@ -488,6 +520,10 @@ class EvalEnding(Ending):
             obs = self.start(again.nonzero().squeeze(1).tolist())
             step.obs = step.obs if obs is None else obs
 
+    def result(self) -> tuple[list[tuple[dict, dict]], int, Scoring]:
+        """The counted ``(record, report)`` pairs, the episodes left out, and how to count them."""
+        return self.results, self.excluded, Scoring.of(self.shard.env)
+
     def _record(self, row: int, t: int, step: Step, report: dict) -> tuple[dict, dict]:
         episode = self.episode(row)
         record = {
@@ -499,4 +535,6 @@ class EvalEnding(Ending):
             "truncated": bool(step.truncated[row]),
             **report,
         }
+        if "task" in report and self.shard.env.task_names:  # the env's tensors hold an index, the records a name
+            record["task"] = self.shard.env.task_names[int(report["task"])]
         return record, report

@@ -7,7 +7,7 @@ writer and none of them waits for the evaluation to end (``raysim.recording`` is
     while part.result is None:
         writer.add(part.pictures)                               # [steps, rows, H, W, 3] uint8
         part = shard.record(weights, None, steps=16, size=128)  # continues it
-    records, excluded, defines_success = part.result            # what ``EnvShard.evaluate`` returns
+    records, excluded, scoring = part.result                    # what ``EnvShard.evaluate`` returns
 
 The episodes, records and report are those of ``EnvShard.evaluate`` with the same plan: filming only
 looks. Picture ``t`` of a row is the state the row acts on at the evaluation's step ``t`` while the row
@@ -19,6 +19,7 @@ None plays the steps without pictures (a replacement shard catching up, a video 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ class Part:
 
     steps: int  # steps played in this part
     pictures: np.ndarray | None  # [steps, rows, H, W, 3] uint8; None when no pictures were asked for
-    result: tuple | None  # ``EnvShard.evaluate``'s (records, excluded, defines_success) once the evaluation ended
+    result: tuple | None  # ``EnvShard.evaluate``'s (records, excluded, scoring) once the evaluation ended
 
 
 class RecordedEval(Ending):
@@ -61,8 +62,7 @@ class RecordedEval(Ending):
     def take_part(self, played: int) -> Part:
         pictures = torch.stack(self.pictures).numpy() if self.pictures else None
         self.pictures = []
-        evaluation = self.evaluation
-        result = (evaluation.results, evaluation.excluded, self.shard.env.defines_success) if self.ended else None
+        result = self.evaluation.result() if self.ended else None
         return Part(played, pictures, result)
 
     def begin(self) -> Obs:
@@ -81,6 +81,10 @@ class RecordedEval(Ending):
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         return self.evaluation.act(self.t, obs)
+
+    @property
+    def env_action(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.evaluation.env_action
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         self.evaluation.after_step(self.t, step, bad)

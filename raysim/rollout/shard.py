@@ -14,6 +14,7 @@ rows' running episodes.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from raysim.rollout.endings import (
     FixedSteps,
     GroupEnding,
     GroupEpisodes,
+    Scoring,
 )
 from raysim.rollout.inference import inference
 from raysim.rollout.recording import Part, RecordedEval
@@ -66,6 +68,7 @@ class EnvShard:
         on_nonfinite: str = "raise",
         frame_stack: FrameStackConfig | dict | None = None,
         evaluation: bool = False,
+        success: str | None = None,
     ):
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -75,7 +78,7 @@ class EnvShard:
         self.on_nonfinite = on_nonfinite
         self.seed = seed
         with captured() as self.messages:  # said once by the driver, not once per shard (envs.messages)
-            env = make(env_id, num_envs, seed=seed, evaluation=evaluation, **dict(env_kwargs or {}))
+            env = make(env_id, num_envs, seed=seed, evaluation=evaluation, success=success, **dict(env_kwargs or {}))
             self.env = stacked(env, frame_stack)
         model = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
         self.actor = Actor(self.env.observation_spaces, self.env.action_space, model)
@@ -90,7 +93,7 @@ class EnvShard:
         self.resets = 0  # restarts of rows after a non-finite value (part of their reset seeds)
         self.group_rounds = 0  # GRPO rounds played (part of the group reset seeds)
         self.fresh = True  # the rows start fresh episodes: the next chunk says so (``RolloutChunk.fresh``)
-        self._acting: tuple | None = None  # (MLPInference of the actor, probs and noise buffers), per row count
+        self._acting: FusedActing | None = None  # the actor as this acting run samples it (``act`` resets it)
         self._recording: RecordedEval | None = None  # the evaluation ``record`` films, part by part
 
     def spaces(self) -> tuple[dict, Any, int | None]:
@@ -125,20 +128,23 @@ class EnvShard:
             self._raise_if_nonfinite(chunk, steps)
         return chunk
 
-    def evaluate(self, weights: dict, plan: EvalEpisodes) -> tuple[list[tuple[dict, dict]], int, bool | None]:
+    def evaluate(self, weights: dict, plan: EvalEpisodes) -> tuple[list[tuple[dict, dict]], int, Scoring]:
         """Play the rows' evaluation episodes by global index (``EvalEpisodes``): ``(record, report)`` per counted
         episode, how many counted episodes were left out for a non-finite value (``on_nonfinite: mask``), and
-        whether the task defines success (``BatchedEnv.defines_success``)."""
-        self.set_weights(weights)
+        how the task counts them (``Scoring``: whether it defines success, its tasks). A scripted ``plan.policy``
+        needs no ``weights`` (None)."""
+        if plan.policy is None:
+            self.set_weights(weights)
         ending = EvalEnding(self, plan)
         self.act(ending)
-        return ending.results, ending.excluded, self.env.defines_success
+        return ending.result()
 
     def record(self, weights: dict | None, plan: EvalEpisodes | None, steps: int | None, size: int | None) -> Part:
         """The next part of a filmed evaluation (``raysim.rollout.recording``): a ``plan`` starts one with
         ``weights`` (None continues it, with the weights it started with: they are sent once) and the part plays
         up to ``steps`` steps (None: to the end) with each row's picture ``size`` pixels wide (None: no pictures)
-        before each step; its ``result`` is ``evaluate``'s once the evaluation ended."""
+        before each step; its ``result`` is ``evaluate``'s once the evaluation ended. A scripted ``plan.policy``
+        needs no ``weights`` (None)."""
         if weights is not None:
             self.set_weights(weights)
         if plan is not None:
@@ -226,17 +232,19 @@ class EnvShard:
         The hot loop of collection; it computes exactly what a plain per-step loop does
         (``Actor.sample`` on the actor's groups, ``env.step``, copy into the chunk; see
         tests/test_fast_path.py) with little overhead per step: the chunk's tensors are allocated
-        once and written in place, a discrete actor acts through ``sample_discrete``, and with
+        once and written in place, an MLP actor acts through ``sample_discrete`` / ``sample_gaussian``, and with
         ``on_nonfinite: raise`` a training chunk is checked for non-finite values once, afterwards
         (``mask`` must restart rows at once, so it checks every step).
         """
         each_step = self.on_nonfinite == "mask" or ending.checks_each_step
         obs, t = ending.begin(), 0
+        self._acting = None  # built again at this run's first step, with the weights it acts with
+        env_action = ending.env_action  # the actor's mapping into the action space; a scripted policy's own
         try:
             with inference(self.actor):
                 while ending.running(t):
                     ending.observe(t, obs)
-                    step = self.env.step(self.actor.env_action(ending.act(t, obs)))
+                    step = self.env.step(env_action(ending.act(t, obs)))
                     bad = self._nonfinite_rows(step, t) if each_step else None
                     ending.after_step(t, step, bad)
                     if self.memory is not None:  # a row's next trajectory starts with a zero state
@@ -256,36 +264,46 @@ class EnvShard:
         return t, obs
 
     def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-        """``Actor.sample`` for a discrete actor, bitwise, written into ``action`` [N] and ``logp`` [N].
-
-        An actor of vector groups with a plain MLP runs it fused (``MLPInference``), after its recurrent core where it
-        has one; any other (a CNN) its own forward.
-        """
-        actor = self.actor
-        if not (actor.fusable and MLPInference.supports(actor.net)):
-            sampled, logp_now = actor.sample(obs, self.generator, memory=self.memory)
-            action.copy_(sampled)
-            logp.copy_(logp_now)
-            return action
-        if actor.core is None:
-            x, norm = actor.vector_input(obs), actor.obs_norm
-        else:  # the core reads the normalized features; the MLP reads the core's output
-            x, norm = self.memory.advance(actor.core, actor.features(obs)), None
-        acting = self._acting
-        if acting is None or acting[0].net is not actor.net or acting[1].shape[0] != x.shape[0]:
-            rows, width = x.shape[0], actor.net[-1].out_features
-            acting = (
-                MLPInference(actor.net, norm),
-                torch.empty(rows, width),
-                torch.empty(rows, width),
-            )
-            self._acting = acting
-        net, probs, noise = acting
-        log_probs = net(x).log_softmax(-1)
-        torch.exp(log_probs, out=probs)
-        sample_categorical(probs, self.generator, noise=noise, out=action)
+        """``Actor.sample`` for a discrete actor, bitwise, written into ``action`` [N] and ``logp`` [N]."""
+        acting = self._fused_acting()
+        if acting is None:
+            return self._sample_into(obs, action, logp)
+        log_probs = acting.output(obs).log_softmax(-1)
+        torch.exp(log_probs, out=acting.first)
+        sample_categorical(acting.first, self.generator, noise=acting.second, out=action)
         torch.gather(log_probs, 1, action.unsqueeze(1), out=logp.unsqueeze(1))
         return action
+
+    def sample_gaussian(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """``Actor.sample`` for a continuous actor, bitwise, written into ``action`` [N, D] and ``logp`` [N]: the same
+        normal draws from the generator, then ``mean + noise * std`` and ``-0.5 * sum(noise^2) - sum(log_std)
+        - D log(2 pi) / 2``, each operation as ``Actor.sample`` does it, in place."""
+        acting = self._fused_acting()
+        if acting is None:
+            return self._sample_into(obs, action, logp)
+        mean, noise = acting.output(obs), acting.first
+        noise.normal_(generator=self.generator)  # what torch.randn(mean.shape, generator=...) draws
+        torch.mul(noise, acting.std, out=action)
+        torch.add(mean, action, out=action)
+        torch.sum(torch.square(noise, out=acting.second), -1, out=logp)
+        logp.mul_(-0.5).sub_(acting.log_std_sum).sub_(0.5 * math.log(2 * math.pi) * mean.shape[-1])
+        return action
+
+    def _sample_into(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """``Actor.sample`` through the actor's own forward (a CNN's), copied into ``action`` and ``logp``."""
+        sampled, logp_now = self.actor.sample(obs, self.generator, memory=self.memory)
+        action.copy_(sampled)
+        logp.copy_(logp_now)
+        return action
+
+    def _fused_acting(self) -> FusedActing | None:
+        """This run's ``FusedActing``, built at its first step; None for an actor of image groups."""
+        if self._acting is None:
+            actor = self.actor
+            if not (actor.fusable and MLPInference.supports(actor.net)):
+                return None
+            self._acting = FusedActing(actor, self.memory, self.env.num_envs)
+        return self._acting
 
     def take_fresh(self) -> bool:
         """Whether this chunk starts fresh episodes (only the first after the shard was created or started them
@@ -364,6 +382,30 @@ class EnvShard:
             f"{self.shard_index} at step {self.steps_done} (step {t} of this chunk); rows affected: "
             f"{rows.tolist()}. Fix the env, or set on_nonfinite: mask to drop such rows and count them."
         )
+
+
+class FusedActing:
+    """An MLP actor for one acting run: its net through ``MLPInference``, after its recurrent core where it has one,
+    and two scratch buffers of the net's output shape; for a Gaussian actor ``exp(log_std)`` and ``sum(log_std)``.
+
+    The weights do not change within a run, so what depends on them alone (those two and the input normalizer's
+    divisor) is computed once, as ``Actor.sample`` computes it at every step.
+    """
+
+    def __init__(self, actor: Actor, memory: RowMemory | None, rows: int):
+        self.actor, self.memory = actor, memory
+        self.net = MLPInference(actor.net, actor.obs_norm if actor.core is None else None, fixed=True)
+        width = actor.net[-1].out_features
+        self.first, self.second = torch.empty(rows, width), torch.empty(rows, width)
+        if not actor.discrete:
+            self.std, self.log_std_sum = actor.log_std.exp(), actor.log_std.sum()
+
+    def output(self, obs: Obs) -> torch.Tensor:
+        """The net's output for ``obs`` (logits or the Gaussian mean): a buffer that the next step overwrites."""
+        actor = self.actor
+        if actor.core is None:
+            return self.net(actor.vector_input(obs))
+        return self.net(self.memory.advance(actor.core, actor.features(obs)))  # the core reads normalized features
 
 
 def all_finite(value: torch.Tensor) -> bool:
