@@ -62,7 +62,7 @@ def test_a_row_reset_from_a_seed_is_exact_whatever_the_row_its_history_or_the_la
 
 def test_rows_play_task_row_mod_k_and_the_policy_sees_the_one_hot_task_id():
     env = make(ENV, 4, seed=0, benchmark=None, tasks=["reach-v3", "push-v3"], max_episode_steps=10)
-    assert env.tasks == ["reach-v3", "push-v3"] and env.task_of_row.tolist() == [0, 1, 0, 1]
+    assert env.task_names == ("reach-v3", "push-v3") and env.task_of_row.tolist() == [0, 1, 0, 1]
     assert [type(e).__name__ for e in env.envs] == ["SawyerReachEnvV3", "SawyerPushEnvV3"] * 2
     obs = env.reset(seed=3)["policy"]
     assert obs.shape == (4, 39 + 2) and env.observation_spaces["policy"].shape == (41,)

@@ -141,9 +141,8 @@ class MetaWorld(TorchEnv):
         options = self.materialize(
             dict(benchmark=benchmark, tasks=tasks, goals=goals, benchmark_seed=benchmark_seed, goal_table=goal_table)
         )
-        self.tasks: list[str] = options["tasks"]
-        self.task_names = tuple(self.tasks)
-        self.num_tasks = K = len(self.tasks)
+        self.task_names = tuple(options["tasks"])
+        K = len(self.task_names)
         if self.num_envs % K:
             raise ValueError(
                 f"{ENV_ID}: num_envs {self.num_envs} is not a multiple of the {K} tasks (row i plays task i mod {K})"
@@ -155,7 +154,7 @@ class MetaWorld(TorchEnv):
         self.goals, self.end_on_success = goals, end_on_success
         self.goal_table = options["goal_table"]
         self.task_of_row = torch.arange(self.num_envs) % K
-        self.envs = [self._build(self.tasks[k], reward_version) for k in self.task_of_row.tolist()]
+        self.envs = [self._build(self.task_names[k], reward_version) for k in self.task_of_row.tolist()]
 
         N, width = self.num_envs, OBS_SIZE + (K if K > 1 else 0)
         self.obs = torch.zeros(N, width)
@@ -268,7 +267,7 @@ class MetaWorld(TorchEnv):
         """Meta-World's scripted expert of each task (``metaworld.policies``), by task index."""
         from metaworld.policies import ENV_POLICY_MAP
 
-        return [ENV_POLICY_MAP[name]() for name in self.tasks]
+        return [ENV_POLICY_MAP[name]() for name in self.task_names]
 
     def expert_actions(self) -> torch.Tensor:
         """The scripted expert's action [N, 4] for every row: its task's expert on the row's 39 values (without the
