@@ -440,11 +440,14 @@ def train_command(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     trainer = Trainer(config, address=args.address)
     trainer.announce()  # a taken run name: the first line says where this run goes
-    print(
-        f"raysim: training {config.name}: {config.env.id}, {config.shards.count} shard(s) x "
-        f"{config.env.num_envs} envs, {config.algo.name}, {config.train.total_steps:,} env steps",
-        flush=True,
-    )
+    if trainer.plan is None:  # no shards (BC): a budget of gradient steps on a dataset
+        what = f"{config.algo.name} on {config.algo.dataset}, {trainer.schedule.planned:,} iterations"
+    else:
+        what = (
+            f"{config.shards.count} shard(s) x {config.env.num_envs} envs, {config.algo.name}, "
+            f"{config.train.total_steps:,} env steps"
+        )
+    print(f"raysim: training {config.name}: {config.env.id}, {what}", flush=True)
     return report(trainer.train())
 
 

@@ -154,7 +154,7 @@ def restart_learner(session: Session, error: Exception) -> None:
         ) from error
     for handle in roles.learner.handles:
         s.backend.kill(handle)
-    roles.learner = create_learner(s.backend, cfg, roles.spaces, s.horizon)
+    roles.learner = create_learner(s.backend, cfg, roles.spaces, s.horizon, roles.starts)
     died = f"raysim: fault: the learner died ({type(error).__name__})"
     if s.ready.state.iteration == 0:
         print(f"{died} before the first iteration completed: started a new one", flush=True)
