@@ -59,6 +59,17 @@ class GRPOConfig:
         0, help="policy versions a chunk may lag its update (0: lockstep; 1: collect during the update)", low=0
     )
     max_is_weight: float = setting(2.0, help="truncation of a lagging chunk's importance weight (decoupled PPO)", low=1)
+    groups_per_shard: int | None = setting(
+        None,
+        help="dynamic sampling: each shard plays rounds until it holds this many groups whose returns are not all "
+        "equal, and trains on exactly those (null: off, one round of every group)",
+        low=1,
+    )
+    max_rounds: int = setting(
+        8,
+        help="dynamic sampling: the most rounds a shard plays per iteration (short of groups: uninformative ones fill)",
+        low=1,
+    )
 
 
 def group_advantages(
@@ -80,7 +91,9 @@ def group_advantages(
 def chunk_advantages(chunk: RolloutChunk, config: GRPOConfig) -> torch.Tensor:
     """Advantages [T, N]: every step of a row's episode gets the row's group advantage."""
     returns = torch.zeros(chunk.num_envs, dtype=chunk.reward.dtype, device=chunk.reward.device)
-    returns[chunk.episodes["row"]] = chunk.episodes["return"].to(returns)
+    rows = chunk.episodes["row"]
+    here = rows >= 0  # dynamic sampling reports the episodes of the groups it left out with row -1
+    returns[rows[here]] = chunk.episodes["return"][here].to(returns)
     advantages = group_advantages(returns, config.group_size, config.std_normalize)
     return advantages.expand(chunk.num_steps, -1)
 
@@ -119,7 +132,7 @@ class GRPO(Algorithm):
 
     @classmethod
     def collection(cls, config: GRPOConfig) -> GroupEpisodes:
-        return GroupEpisodes(config.group_size, config.num_steps)
+        return GroupEpisodes(config.group_size, config.num_steps, config.groups_per_shard, config.max_rounds)
 
     @classmethod
     def check(cls, config: GRPOConfig, num_envs: int) -> None:
@@ -127,6 +140,17 @@ class GRPO(Algorithm):
         if not isinstance(size, int) or size < 2 or num_envs % size:
             raise ValueError(
                 f"algo.group_size must be an integer >= 2 that divides env.num_envs ({num_envs}), got {size!r}"
+            )
+        wanted = config.groups_per_shard
+        if wanted is not None and wanted > num_envs // size:
+            raise ValueError(
+                f"algo.groups_per_shard ({wanted}) must be at most the groups of a round, env.num_envs / "
+                f"algo.group_size ({num_envs // size})"
+            )
+        if wanted is not None and config.max_policy_lag > 0:
+            raise ValueError(
+                "algo.groups_per_shard (dynamic sampling) runs lockstep only: set algo.max_policy_lag: 0 "
+                f"(got {config.max_policy_lag})"
             )
 
     def batch(self, chunks: list[RolloutChunk]) -> Batch:

@@ -64,7 +64,7 @@ def read_demonstrations(config: Config, spaces: tuple) -> Any:
     optional extra) and checked against the env before anything starts."""
     from raysim.demos import load_demonstrations
 
-    return load_demonstrations(config.algo.dataset, config, spaces)
+    return load_demonstrations(config.algo.dataset, *spaces, config.env.frame_stack)
 
 
 class Trainer:
@@ -212,12 +212,14 @@ class Trainer:
         if self.sinks is not None:
             return SinkSet(self.sinks)
         cfg = self.config
+        shardless = self.plan is None  # BC: progress in iterations, no env steps
         return make_sinks(
             cfg.train.sinks,
             self.storage,
-            cfg.train.total_steps,
+            self.schedule.planned if shardless else cfg.train.total_steps,
             keep_until=state.iteration,
             env_steps=state.env_steps if self.resume else 0,
+            by_iteration=shardless,
         )
 
     def _run(self, s: Session, startup: float) -> Summary:

@@ -25,7 +25,15 @@ from raysim.algos.guard import GuardedStep
 from raysim.algos.optimizer import OptimizerConfig
 from raysim.learner.inputs import read_chunks
 from raysim.learner.ranks import RankGroup
-from raysim.learner.window import MetricWindow, episode_stats, episode_sums, reduce_gathered, to_host
+from raysim.learner.window import (
+    MetricWindow,
+    episode_stats,
+    episode_sums,
+    reduce_gathered,
+    sampling_stats,
+    sampling_sums,
+    to_host,
+)
 from raysim.models import ActorCritic, ModelConfig, load_pretrained
 from raysim.models.normalizer import merge_across_ranks, moments
 from raysim.rollout import RolloutChunk
@@ -205,8 +213,8 @@ class Learner:
         if chunks_here and not self.algorithm.freezes_normalizer():
             self.update_normalizers(chunks_here)  # after: the update reads the statistics the actors acted with
         self.version += 1
-        weight = sum(c.env_steps for c in trained) if trained else 1  # an algorithm without shards: per update
-        self.window.add(metrics, episode_sums(chunks), weight=weight)
+        weight = sum(c.transitions for c in trained) if trained else 1  # an algorithm without shards: per update
+        self.window.add(metrics, {**episode_sums(chunks), **sampling_sums(chunks, len(trained))}, weight=weight)
         result = {
             "env_steps": sum(int(c.env_steps) for c in chunks),
             "stale_steps": sum(int(c.env_steps) for c in chunks[len(trained) :]),
@@ -254,6 +262,7 @@ class Learner:
         result = dict(zip(names.means, values, strict=False))
         sums = dict(zip(names.sums, values[len(names.means) :], strict=False))
         result.update(episode_stats(sums, values[-2], values[-1]))
+        result.update(sampling_stats(sums))
         return result
 
 
