@@ -64,10 +64,10 @@ def record(seed: int, episodes: int, args: argparse.Namespace) -> str:
 
 def bc_run_dir(seed: int, episodes: int, args: argparse.Namespace) -> Path:
     """Where the BC row's run of ``seed`` trained (the fine-tuned rows start from its weights)."""
-    from raysim.bench.results import run_name
+    from raysim.bench.results import installed_version, run_name
 
-    name = run_name("raysim", BC_CONFIG, seed, bc_updates(), (f"algo.dataset={dataset_id(seed, episodes)}",))
-    return args.out / "runs" / name
+    settings = (f"algo.dataset={dataset_id(seed, episodes)}", f"mujoco={installed_version('mujoco')}")
+    return args.out / "runs" / run_name("raysim", BC_CONFIG, seed, bc_updates(), settings)
 
 
 def bc_updates() -> int:
@@ -92,12 +92,14 @@ def run_row(row: str, seed: int, args: argparse.Namespace, done: set[tuple[str, 
     """Run one row for one seed unless its line is in ``finetune.jsonl``, and append its line; a run of the same
     settings that ``raysim bench mujoco`` measured in ``results.jsonl`` there (PPO from scratch, the scripted
     policies) is taken as it is."""
-    from raysim.bench.mujoco import run_one
+    from raysim.bench.mujoco import env_of, run_one
+    from raysim.bench.results import installed_version
 
     if (row, seed) in done:
         return
     peer, config, steps, overrides = plan(row, seed, args)
-    key = run_key({"peer": peer, "config": config, "seed": seed, "steps": steps, "overrides": overrides})
+    planned = {"peer": peer, "config": config, "env": env_of(config), "seed": seed, "steps": steps}
+    key = run_key({**planned, "overrides": overrides, "mujoco": installed_version("mujoco")})
     measured = [line for line in read_results(args.out / "results.jsonl") if run_key(line) == key]
     if measured:
         result = measured[-1]
