@@ -532,11 +532,12 @@ def resume_command(args: argparse.Namespace) -> int:
 
 def report(summary) -> int:
     """Print a training summary; the exit code (130 after SIGINT, 143 after SIGTERM, else 0)."""
-    print(
-        f"\ndone: {summary.env_steps:,} env steps in {summary.iterations} iterations, "
-        f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up), "
-        f"{summary.steps_this_run / max(summary.wall_time, 1e-9):,.0f} steps/s"
-    )
+    timing = f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up)"
+    if summary.env_steps or summary.steps_this_run:
+        speed = f"{summary.steps_this_run / max(summary.wall_time, 1e-9):,.0f} steps/s"
+        print(f"\ndone: {summary.env_steps:,} env steps in {summary.iterations} iterations, {timing}, {speed}")
+    else:  # an algorithm without shards (BC): no env steps
+        print(f"\ndone: {summary.iterations} iterations, {timing}")
     from raysim.evaluation import format_tasks
 
     evaluation = summary.evaluation

@@ -126,6 +126,8 @@ def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: a
         ],
     )
     summary = raysim.Trainer(config, address=args.address).train()
+    if summary.evaluation is None:  # stopped (a signal) before its final evaluation: nothing to record
+        raise SystemExit(f"raysim bench: {run_dir} stopped ({summary.stopped_by}) before its evaluation: not recorded")
     rows = read_metrics(open_storage(str(run_dir)))
     curve = [(int(r["env_steps"]), r["episode_return"], int(r["episodes"])) for r in rows if r.get("episodes")]
     return {
