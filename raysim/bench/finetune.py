@@ -11,7 +11,7 @@ first of the 20 and the 20 the first of the 100) into ``<out>/datasets`` (``MINA
 
 Each finished run is a line of ``finetune.jsonl`` in ``--out``, written as it ends, so a later invocation
 runs only the missing ones (``raysim bench mujoco``'s lines: ``raysim.bench.mujoco.run_one``); the table
-goes to ``finetune.md`` and stdout. ``--table`` trains nothing.
+goes to ``finetune.md`` (included by docs/finetuning.md) and stdout. ``--table`` trains nothing.
 
 ``raysim bench finetune [--seeds 1 2 3] [--steps 500000] [--rows ...] [--out DIR] [--table]``; needs
 ``pip install "raysim[metaworld,demos]"``.
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 if row in ("random", "expert") and seed != args.seeds[0]:
                     continue  # no training: the same episodes on every seed
                 run_row(row, seed, args, done)
-    text = f"# From demonstrations to a fine-tuned policy: pick-place-v3\n\n{table(read_results(path), args.seeds)}"
-    (args.out / "finetune.md").write_text(text)
-    print(text)
+    text = table(read_results(path), args.seeds)
+    (args.out / "finetune.md").write_text(text)  # the docs page includes it (docs/finetuning.md)
+    print(f"# From demonstrations to a fine-tuned policy: pick-place-v3\n\n{text}")
     return 0
