@@ -626,7 +626,7 @@ def eval_command(args: argparse.Namespace) -> int:
     from raysim.coordinator import evaluate, evaluate_policy
     from raysim.evaluation import format_report
 
-    check_eval_source(args)
+    check_policy_source(args, "raysim eval")
     if args.out:
         check_output(args.out, "--out")
     film = video_film(args) if args.video else None
@@ -661,25 +661,26 @@ def eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_eval_source(args: argparse.Namespace) -> None:
-    """Refuse, in one line, a ``raysim eval`` that names both a run and a scripted policy, or neither whole."""
+def check_policy_source(args: argparse.Namespace, command: str) -> None:
+    """Refuse, in one line, a ``command`` (``raysim eval``, ``raysim demos record``) that names both a run and a
+    scripted policy, or neither whole; ``--stochastic`` with a scripted policy; ``--set`` without ``--config``."""
     scripted = "--config CONFIG --policy {" + ",".join(SCRIPTED_POLICIES) + "}"
     if args.path and (args.config or args.policy):
         flag = "--policy" if args.policy else "--config"
         raise ConfigError(
-            f"raysim eval: {flag} goes with no RUN_DIR_OR_CHECKPOINT: a run is evaluated with its own config and "
-            f"policy; evaluate either {args.path} or {scripted}"
+            f"{command}: {flag} goes with no RUN_DIR_OR_CHECKPOINT: a run acts with its own config and policy; "
+            f"use either {args.path} or {scripted}"
         )
     if args.path is None and not (args.config and args.policy):
         missing = "--policy" if args.config else "--config CONFIG" if args.policy else "RUN_DIR_OR_CHECKPOINT"
-        raise ConfigError(f"raysim eval: give {missing} (evaluate a run: RUN_DIR_OR_CHECKPOINT; or {scripted})")
+        raise ConfigError(f"{command}: give {missing} (a run: RUN_DIR_OR_CHECKPOINT; or {scripted})")
     if args.policy and args.stochastic:
         raise ConfigError(
-            f"raysim eval: --stochastic samples a learned policy's actions; --policy {args.policy} chooses its own "
+            f"{command}: --stochastic samples a learned policy's actions; --policy {args.policy} chooses its own "
             "(random: uniform, expert: scripted): leave --stochastic out"
         )
     if args.overrides and not args.config:
-        raise ConfigError("raysim eval: --set changes the config of --config; a run is evaluated with its own config")
+        raise ConfigError(f"{command}: --set changes the config of --config; a run acts with its own config")
 
 
 def video_film(args: argparse.Namespace) -> Film:
@@ -699,7 +700,7 @@ def demos_record_command(args: argparse.Namespace) -> int:
     from raysim.coordinator.demonstrations import record_demonstrations
     from raysim.evaluation import format_rate
 
-    check_demos_source(args)
+    check_policy_source(args, "raysim demos record")
     recorded = record_demonstrations(
         args.dataset_id,
         args.episodes,
@@ -721,25 +722,6 @@ def demos_record_command(args: argparse.Namespace) -> int:
     )
     print(f"dataset: {recorded.dataset_id} at {recorded.path} (read it: minari.load_dataset({recorded.dataset_id!r}))")
     return 0
-
-
-def check_demos_source(args: argparse.Namespace) -> None:
-    """Refuse, in one line, a ``raysim demos record`` that names both a run and a scripted policy, or neither whole."""
-    scripted = "--config CONFIG --policy {" + ",".join(SCRIPTED_POLICIES) + "}"
-    if args.path and (args.config or args.policy):
-        flag = "--policy" if args.policy else "--config"
-        raise ConfigError(
-            f"raysim demos record: {flag} goes with no RUN_DIR_OR_CHECKPOINT: record either {args.path} or {scripted}"
-        )
-    if args.path is None and not (args.config and args.policy):
-        missing = "--policy" if args.config else "--config CONFIG" if args.policy else "RUN_DIR_OR_CHECKPOINT"
-        raise ConfigError(f"raysim demos record: give {missing} (a run: RUN_DIR_OR_CHECKPOINT; or {scripted})")
-    if args.policy and args.stochastic:
-        raise ConfigError(
-            f"raysim demos record: --stochastic samples a run's actions; --policy {args.policy} chooses its own"
-        )
-    if args.overrides and not args.config:
-        raise ConfigError("raysim demos record: --set changes the config of --config; a run is recorded with its own")
 
 
 def demos_info_command(args: argparse.Namespace) -> int:

@@ -238,7 +238,7 @@ MISUSE = [
             "--dataset-id",
             "raysim/x-v0",
         ],
-        "--stochastic samples a run's actions",
+        "leave --stochastic out",
     ),
     (["--config", "reach_ppo", "--policy", "random", "--episodes", "2"], "the following arguments are required"),
     (
