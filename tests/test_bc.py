@@ -115,3 +115,17 @@ def test_a_bc_config_without_a_dataset_or_with_a_missing_one_is_one_line_before_
     err = capsys.readouterr().err.strip()
     assert "raysim/none-v0" in err and len(err.splitlines()) == 1
     assert not ray_never_starts
+
+
+@pytest.mark.slow
+def test_bc_on_two_learner_ranks_reads_the_dataset_through_the_object_store_and_trains_each_on_its_share(
+    datasets, tmp_path, ray_session
+):
+    overrides = [o for o in BC if o != "backend=local"]
+    config = raysim.load_config("cartpole_ppo", [*overrides, "learner.ranks=2", f"run_dir={tmp_path / 'bc'}"])
+    summary = raysim.Trainer(config).train()
+    assert summary.iterations == 3 and summary.evaluation.completed == 10
+    rows = read_metrics(open_storage(tmp_path / "bc"))
+    assert rows[-1]["accuracy"] > 0.9
+    share = dataset().split(1, 2)
+    assert share.steps == dataset().steps // 2 and torch.equal(share.actions, dataset().actions[1::2])
