@@ -124,14 +124,17 @@ def cell(line: dict) -> str:
 
 def table(lines: list[dict], seeds: list[int]) -> str:
     """One row per method, one column per seed: successes k/n (rate, Wilson 95% interval); the scripted rows do not
-    depend on the seed (evaluated once)."""
+    depend on the seed (evaluated once, under the first seed)."""
     by_row = {(line["row"], line["seed"]): line for line in lines if "row" in line}
     head = "| method | " + " | ".join(f"seed {s}" for s in seeds) + " |"
     out = [head, "|" + "---|" * (len(seeds) + 1)]
     for row in ROWS:
         cells = []
         for seed in seeds:
-            line = by_row.get((row, seed)) or (by_row.get((row, seeds[0])) if row in ("random", "expert") else None)
+            if row in ("random", "expert") and seed != seeds[0]:
+                cells.append(f"(no training: as seed {seeds[0]})")
+                continue
+            line = by_row.get((row, seed))
             cells.append(cell(line) if line else "-")
         out.append(f"| {LABELS[row]} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n" + verdict(by_row, seeds)
