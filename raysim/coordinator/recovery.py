@@ -116,9 +116,10 @@ def restore(
     if point.checkpoint is None:
         return Ready(state)
     how = load_roles(backend, roles, point.state)
+    shards = f"; shards continue {how}" if roles.shards else ""  # none: an algorithm without shards (BC)
     print(
         f"raysim: resuming {run_dir} from {storage.path(point.checkpoint.rel)} "
-        f"(iteration {state.iteration}, {state.env_steps:,} env steps); shards continue {how}",
+        f"(iteration {state.iteration}, {state.env_steps:,} env steps){shards}",
         flush=True,
     )
     return Ready(state, loaded=point.state, saved=point.checkpoint)

@@ -227,10 +227,17 @@ class Trainer:
         failure: BaseException | None = None
         if self.resume and self.schedule.budget_reached(s.ready.state):
             state, total = s.ready.state, self.config.train.total_steps
+            if self.plan is None:  # no shards (BC): a budget of gradient steps
+                at, budget, key = (
+                    f"iteration {state.iteration}",
+                    f"algo.updates={self.config.algo.updates:,}",
+                    "algo.updates",
+                )
+            else:
+                at, budget, key = f"{state.env_steps:,} env steps", f"train.total_steps={total:,}", "train.total_steps"
             print(
-                f"raysim: nothing to train: the run is at {state.env_steps:,} env steps and the config's budget is "
-                f"train.total_steps={total:,}; to train longer: raysim resume {self.run_dir} "
-                f"--set train.total_steps=<more>",
+                f"raysim: nothing to train: the run is at {at} and the config's budget is {budget}; to train "
+                f"longer: raysim resume {self.run_dir} --set {key}=<more>",
                 flush=True,
             )
         try:
