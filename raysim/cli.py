@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show the traceback of an error")
     parser = Parser(prog="raysim", description="Ray-based rollout collection and PPO/GRPO training.", parents=[common])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    for add in (add_train, add_resume, add_tune, add_eval, add_plot, add_export, add_bench, add_config):
+    for add in (add_train, add_resume, add_tune, add_eval, add_demos, add_plot, add_export, add_bench, add_config):
         add(commands, common)
     return parser
 
@@ -362,6 +362,74 @@ def add_video_options(evaluate: argparse.ArgumentParser) -> None:
     video.add_argument("--video-fps", type=positive, default=25, metavar="FPS", help="frames per second (default 25)")
 
 
+DEMOS_HELP = """Datasets of demonstrations in Minari's format (pip install "raysim[demos]").
+
+record: play a policy's episodes through the evaluation path (balanced, seeded, on evaluation shards) and
+write the completed ones as a Minari dataset (HDF5; images stored raw) under $MINARI_DATASETS_PATH (default
+~/.minari/datasets)/<ID>. The policy is a run's newest intact checkpoint (RUN_DIR), or --config CONFIG --policy
+expert|random. Each step keeps every observation group as the env gives it (before env.frame_stack), the
+policy's action, reward, terminated, truncated; each episode its reset seed, task, return, length, success.
+The episodes are played from --seed, by default one derived from the config's seed and never eval.seed, so
+a policy trained on them is not scored on the episodes it imitated.
+info: what a dataset (an ID, or a dataset directory) holds.
+Examples:
+  raysim demos record --config metaworld_reach_ppo --policy expert --episodes 50 --dataset-id raysim/reach-expert-v0
+  raysim demos record runs/cartpole_ppo --episodes 20 --dataset-id raysim/cartpole-ppo-v0 --local
+  raysim demos info raysim/reach-expert-v0
+"""
+
+
+def add_demos(commands, common) -> None:
+    demos = commands.add_parser(
+        "demos",
+        parents=[common],
+        help="record datasets of demonstrations (Minari), or show one",
+        description=DEMOS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = demos.add_subparsers(dest="demos_command", required=True, metavar="ACTION", parser_class=Parser)
+    record = actions.add_parser(
+        "record",
+        parents=[common],
+        help="record a policy's episodes as a Minari dataset",
+        description=DEMOS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    record.add_argument("path", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT", help="the run whose policy is recorded")
+    record.add_argument("--config", help="YAML config file or packaged config name whose env plays the --policy")
+    record.add_argument("--policy", choices=list(SCRIPTED_POLICIES), help="a scripted policy instead of a run's")
+    record.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --config: override a config value, e.g. --set env.kwargs.end_on_success=true (repeatable)",
+    )
+    record.add_argument("--episodes", type=positive, required=True, help="episodes requested")
+    record.add_argument("--dataset-id", required=True, metavar="ID", help="the Minari id, e.g. raysim/reach-expert-v0")
+    record.add_argument(
+        "--seed",
+        type=int,
+        help="evaluation seed of the episodes (default: derived from the config's seed; never eval.seed)",
+    )
+    record.add_argument("--stochastic", action="store_true", help="sample a run's policy's actions (default: mode)")
+    record.add_argument("--shards", type=positive, help="evaluation shards (the episodes do not depend on it)")
+    record.add_argument("--envs-per-shard", type=positive, help="rows per evaluation shard (nor on this)")
+    record.add_argument("--local", action="store_true", help="run in this process, without Ray")
+    record.add_argument("--address", help="Ray cluster to attach to (host:port, or local)")
+    record.set_defaults(run=demos_record_command)
+    info = actions.add_parser(
+        "info",
+        parents=[common],
+        help="what a dataset holds",
+        description=DEMOS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    info.add_argument("dataset", metavar="DATASET", help="a Minari dataset id, or a dataset directory")
+    info.set_defaults(run=demos_info_command)
+
+
 def add_plot(commands, common) -> None:
     plot = commands.add_parser(
         "plot",
@@ -402,12 +470,13 @@ def add_bench(commands, common) -> None:
     bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
     bench.add_argument(
         "name",
-        choices=["collect", "solve", "scale", "mujoco", "atari", "metaworld", "startup", "store"],
+        choices=["collect", "solve", "scale", "mujoco", "atari", "metaworld", "finetune", "startup", "store"],
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
         "scale: env steps/s against shards, lockstep and overlapped; startup: start-up against Ray's floor; "
         "mujoco: MuJoCo locomotion returns and wall time against CleanRL (and raysim/Reach success); "
         "atari: Breakout collection and training env steps/s and raw game score against a CleanRL-style peer; "
         "metaworld: Meta-World collection env steps/s against a bare loop and a CleanRL-style loop; "
+        "finetune: pick-place-v3 success of BC from expert demonstrations, PPO and GRPO fine-tuned from it; "
         "store: object-store bytes over a 500-iteration run stay flat",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
@@ -440,11 +509,14 @@ def train_command(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     trainer = Trainer(config, address=args.address)
     trainer.announce()  # a taken run name: the first line says where this run goes
-    print(
-        f"raysim: training {config.name}: {config.env.id}, {config.shards.count} shard(s) x "
-        f"{config.env.num_envs} envs, {config.algo.name}, {config.train.total_steps:,} env steps",
-        flush=True,
-    )
+    if trainer.plan is None:  # no shards (BC): a budget of gradient steps on a dataset
+        what = f"{config.algo.name} on {config.algo.dataset}, {trainer.schedule.planned:,} iterations"
+    else:
+        what = (
+            f"{config.shards.count} shard(s) x {config.env.num_envs} envs, {config.algo.name}, "
+            f"{config.train.total_steps:,} env steps"
+        )
+    print(f"raysim: training {config.name}: {config.env.id}, {what}", flush=True)
     return report(trainer.train())
 
 
@@ -460,11 +532,12 @@ def resume_command(args: argparse.Namespace) -> int:
 
 def report(summary) -> int:
     """Print a training summary; the exit code (130 after SIGINT, 143 after SIGTERM, else 0)."""
-    print(
-        f"\ndone: {summary.env_steps:,} env steps in {summary.iterations} iterations, "
-        f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up), "
-        f"{summary.steps_this_run / max(summary.wall_time, 1e-9):,.0f} steps/s"
-    )
+    timing = f"{summary.wall_time:.1f} s training (+{summary.startup_time:.1f} s start-up)"
+    if summary.env_steps or summary.steps_this_run:
+        speed = f"{summary.steps_this_run / max(summary.wall_time, 1e-9):,.0f} steps/s"
+        print(f"\ndone: {summary.env_steps:,} env steps in {summary.iterations} iterations, {timing}, {speed}")
+    else:  # an algorithm without shards (BC): no env steps
+        print(f"\ndone: {summary.iterations} iterations, {timing}")
     from raysim.evaluation import format_tasks
 
     evaluation = summary.evaluation
@@ -553,7 +626,7 @@ def eval_command(args: argparse.Namespace) -> int:
     from raysim.coordinator import evaluate, evaluate_policy
     from raysim.evaluation import format_report
 
-    check_eval_source(args)
+    check_policy_source(args, "raysim eval")
     if args.out:
         check_output(args.out, "--out")
     film = video_film(args) if args.video else None
@@ -588,25 +661,26 @@ def eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_eval_source(args: argparse.Namespace) -> None:
-    """Refuse, in one line, a ``raysim eval`` that names both a run and a scripted policy, or neither whole."""
+def check_policy_source(args: argparse.Namespace, command: str) -> None:
+    """Refuse, in one line, a ``command`` (``raysim eval``, ``raysim demos record``) that names both a run and a
+    scripted policy, or neither whole; ``--stochastic`` with a scripted policy; ``--set`` without ``--config``."""
     scripted = "--config CONFIG --policy {" + ",".join(SCRIPTED_POLICIES) + "}"
     if args.path and (args.config or args.policy):
         flag = "--policy" if args.policy else "--config"
         raise ConfigError(
-            f"raysim eval: {flag} goes with no RUN_DIR_OR_CHECKPOINT: a run is evaluated with its own config and "
-            f"policy; evaluate either {args.path} or {scripted}"
+            f"{command}: {flag} goes with no RUN_DIR_OR_CHECKPOINT: a run acts with its own config and policy; "
+            f"use either {args.path} or {scripted}"
         )
     if args.path is None and not (args.config and args.policy):
         missing = "--policy" if args.config else "--config CONFIG" if args.policy else "RUN_DIR_OR_CHECKPOINT"
-        raise ConfigError(f"raysim eval: give {missing} (evaluate a run: RUN_DIR_OR_CHECKPOINT; or {scripted})")
+        raise ConfigError(f"{command}: give {missing} (a run: RUN_DIR_OR_CHECKPOINT; or {scripted})")
     if args.policy and args.stochastic:
         raise ConfigError(
-            f"raysim eval: --stochastic samples a learned policy's actions; --policy {args.policy} chooses its own "
+            f"{command}: --stochastic samples a learned policy's actions; --policy {args.policy} chooses its own "
             "(random: uniform, expert: scripted): leave --stochastic out"
         )
     if args.overrides and not args.config:
-        raise ConfigError("raysim eval: --set changes the config of --config; a run is evaluated with its own config")
+        raise ConfigError(f"{command}: --set changes the config of --config; a run acts with its own config")
 
 
 def video_film(args: argparse.Namespace) -> Film:
@@ -620,6 +694,49 @@ def video_film(args: argparse.Namespace) -> Film:
         raise ConfigError(f"--video-size must be >= 8 (pixels per side of a row's picture), got {args.video_size}")
     require_video()
     return Film(VideoWriter(args.video, args.video_fps, args.video_frames), args.video_size)
+
+
+def demos_record_command(args: argparse.Namespace) -> int:
+    from raysim.coordinator.demonstrations import record_demonstrations
+    from raysim.evaluation import format_rate
+
+    check_policy_source(args, "raysim demos record")
+    recorded = record_demonstrations(
+        args.dataset_id,
+        args.episodes,
+        run=args.path,
+        config=args.config,
+        policy=args.policy,
+        overrides=args.overrides,
+        seed=args.seed,
+        deterministic=not args.stochastic,
+        shards=args.shards,
+        envs_per_shard=args.envs_per_shard,
+        backend="local" if args.local else None,
+        address=args.address,
+    )
+    report = recorded.report
+    print(
+        f"demos: {report.completed} of {report.requested} episodes completed and recorded, {recorded.steps:,} steps "
+        f"(evaluation seed {recorded.seed}); success {format_rate(report.success_rate)}"
+    )
+    print(f"dataset: {recorded.dataset_id} at {recorded.path} (read it: minari.load_dataset({recorded.dataset_id!r}))")
+    return 0
+
+
+def demos_info_command(args: argparse.Namespace) -> int:
+    from raysim.demos import dataset_info
+    from raysim.demos.dataset import describe
+
+    info = dataset_info(args.dataset)
+    print(f"dataset: {args.dataset} at {info['path']}: {info['episodes']} episodes, {info['steps']:,} steps")
+    groups = getattr(info["observation_space"], "spaces", {"": info["observation_space"]})
+    print("observations: " + ", ".join(f"{g} {describe(space)}".strip() for g, space in groups.items()))
+    print(f"actions: {describe(info['action_space'])}")
+    for key, value in info["raysim"].items():
+        if key != "canonical_env":
+            print(f"{key}: {value}")
+    return 0
 
 
 def plot_command(args: argparse.Namespace) -> int:

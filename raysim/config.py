@@ -271,17 +271,20 @@ def check_config(config: Config, where: str = "config") -> None:
             f"{where}: model.cnn_features must be even with model.cnn: keypoints (an x and a y per keypoint), "
             f"got {config.model.cnn_features}"
         )
-    ranks = config.learner.ranks
-    if not isinstance(ranks, int) or ranks < 1 or config.shards.count % ranks:
-        raise ConfigError(
-            f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}"
-        )
     try:
         algorithm = algorithm_class(config.algo.name)
         algorithm.check(config.algo, config.env.num_envs)
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from error
-    per_row, minibatches = algorithm.collection(config.algo).steps_per_row, config.algo.num_minibatches
+    ranks = config.learner.ranks
+    if not isinstance(ranks, int) or ranks < 1 or training_shards(config) % ranks:
+        raise ConfigError(
+            f"{where}: learner.ranks must be >= 1 and divide shards.count ({config.shards.count}), got {ranks!r}"
+            if training_shards(config)
+            else f"{where}: learner.ranks must be >= 1, got {ranks!r}"
+        )
+    plan, minibatches = algorithm.collection(config.algo), config.algo.num_minibatches
+    per_row = plan.steps_per_row if plan is not None else None
     rows, counted = least_trained_rows(config)
     if config.model.recurrent != "none":
         if not algorithm.trains_recurrent:
@@ -305,6 +308,11 @@ def check_config(config: Config, where: str = "config") -> None:
             f"{where}: algo.num_minibatches ({minibatches}) is more than a learner rank's batch of {rows * per_row} "
             f"transitions ({counted} x {per_row} steps): lower it or collect more"
         )
+
+
+def training_shards(config: Config) -> int:
+    """The training shards a run starts with: ``shards.count``, none for an algorithm that collects nothing (BC)."""
+    return 0 if algorithm_class(config.algo.name).collection(config.algo) is None else config.shards.count
 
 
 def shards_awaited(shards: int, wait_fraction: float) -> int:

@@ -185,6 +185,7 @@ class EvalSpec:
     balanced: bool = True  # False: plain "first n to finish" (biased toward short episodes)
     confidence: float = 0.95
     policy: str | None = None  # None: the actor of the weights; expert, random: scripted (raysim.rollout.policies)
+    trajectories: bool = False  # each record also carries its episode's steps (demonstrations: raysim.demos)
 
     @classmethod
     def of(cls, config: EvalConfig, max_episode_steps: int | None) -> EvalSpec:
@@ -227,6 +228,7 @@ def evaluate_on_shards(
             stop_after,
             rows,
             spec.policy,
+            spec.trajectories,
         )
         for i in range(len(shards))
     ]

@@ -72,8 +72,8 @@ def canonical_env(env: dict[str, Any]) -> dict[str, Any]:
 
 def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
     """``canonical`` (as any raysim version saved it) in the form ``env_identity`` hashes: for ``gym:`` ids the
-    adapter's runtime options left out (``vectorize: native`` kept) and the Gymnasium defaults filled in
-    (idempotent)."""
+    adapter's runtime options left out (``vectorize: native`` kept) and the Gymnasium defaults filled in, for native
+    tasks their defaults filled in (an option added later, such as ``raysim/MetaWorld``'s ``reward``) (idempotent)."""
     env_id, options = canonical["id"], dict(canonical.get("kwargs") or {})
     if env_id.startswith("gym:"):
         native = {"vectorize": "native"} if options.get("vectorize") == "native" else {}
@@ -81,6 +81,8 @@ def current_form(canonical: dict[str, Any]) -> dict[str, Any]:
         if "atari" in options:  # the Atari preset: every option filled in, its runtime ones left out
             options["atari"] = canonical_preset(options["atari"])
         options = {**_plain(gym_defaults(env_id)), **options}
+    else:  # a native task: an option it gained since the checkpoint was saved counts with its default
+        options = {**_plain(task_defaults(env_id)), **options}
     stacking = {"frame_stack": canonical["frame_stack"]} if "frame_stack" in canonical else {}
     return {"id": env_id, "kwargs": _plain(options), **stacking}
 

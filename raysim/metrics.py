@@ -34,50 +34,70 @@ from raysim.storage import RunStorage
 
 Record = dict[str, float]
 
-CONSOLE_KEYS = ("episode_return", "pg_loss", "v_loss", "kl", "entropy", "approx_kl")
+CONSOLE_KEYS = ("episode_return", "pg_loss", "v_loss", "bc_loss", "kl", "entropy", "approx_kl", "groups_dropped")
+#: Said once, on its own line, the first time a record has the metric above zero: a condition to know of, not to
+#: repeat on every line.
+CONSOLE_NOTES = {
+    "groups_filled": "dynamic sampling: a shard played algo.max_rounds rounds without finding algo.groups_per_shard "
+    "groups whose returns differ; it trained on the last round's uninformative groups in the places left "
+    "(groups_filled in the metrics: their fraction)",
+}
 
 
 class ConsoleSink:
     """Live progress: an in-place progress bar on a terminal, one plain line per log step otherwise.
 
     ``live``: redraw in place (``\\r``); default: when ``stream`` is a terminal. Plain lines carry no
-    control characters, so ``ray job submit`` logs and pipes stay readable.
+    control characters, so ``ray job submit`` logs and pipes stay readable. ``by_iteration``: progress counts
+    iterations of ``total_steps`` (a run without env steps: BC), not env steps.
     """
 
     name = "console"
 
-    def __init__(self, total_steps: int, stream: TextIO | None = None, live: bool | None = None):
+    def __init__(
+        self, total_steps: int, stream: TextIO | None = None, live: bool | None = None, by_iteration: bool = False
+    ):
         self.total_steps = total_steps
+        self.counter, self.unit = ("iteration", "iterations") if by_iteration else ("env_steps", "steps")
         self.stream = stream or sys.stdout
         if live is None:
             isatty = getattr(self.stream, "isatty", None)
             live = bool(isatty and isatty())
         self.live = live
         self.drawn = False
+        self.noted: set[str] = set()
 
     def write(self, record: Record) -> None:
+        for key, note in CONSOLE_NOTES.items():
+            if record.get(key, 0) > 0 and key not in self.noted:
+                self.noted.add(key)
+                self.stream.write(("\r\x1b[K" if self.live and self.drawn else "") + f"raysim: {note}\n")
         if self.live:
             self._draw(record)
             return
-        percent = 100.0 * record["env_steps"] / max(1, self.total_steps)
-        parts = [
-            f"iter {int(record['iteration']):>4}",
-            f"steps {int(record['env_steps']):>9,}/{self.total_steps:,} ({percent:5.1f}%)",
-            f"{record['steps_per_s']:>9,.0f} steps/s",
-        ]
+        percent = 100.0 * record[self.counter] / max(1, self.total_steps)
+        parts = [f"iter {int(record['iteration']):>4}"]
+        if self.counter == "env_steps":
+            parts += [
+                f"steps {int(record['env_steps']):>9,}/{self.total_steps:,} ({percent:5.1f}%)",
+                f"{record['steps_per_s']:>9,.0f} steps/s",
+            ]
+        else:
+            parts.append(f"of {self.total_steps:,} ({percent:5.1f}%)")
         parts += [f"{k} {record[k]:.4g}" for k in CONSOLE_KEYS if k in record]
         print(" | ".join(parts), file=self.stream, flush=True)
 
     def _draw(self, record: Record) -> None:
         """The bar, redrawn over the previous one; cut to the terminal's width (a wrapped line cannot be redrawn)."""
-        fraction = min(1.0, max(0.0, record["env_steps"] / max(1, self.total_steps)))
+        fraction = min(1.0, max(0.0, record[self.counter] / max(1, self.total_steps)))
         width = 24
         filled = int(round(fraction * width))
         parts = [
             f"[{'#' * filled}{'-' * (width - filled)}] {100 * fraction:5.1f}%",
-            f"{int(record['env_steps']):,}/{self.total_steps:,} steps",
-            f"{record['steps_per_s']:,.0f} steps/s",
+            f"{int(record[self.counter]):,}/{self.total_steps:,} {self.unit}",
         ]
+        if self.counter == "env_steps":
+            parts.append(f"{record['steps_per_s']:,.0f} steps/s")
         parts += [f"{k.replace('episode_', '')} {record[k]:.4g}" for k in CONSOLE_KEYS if k in record]
         columns = shutil.get_terminal_size((120, 24)).columns
         line = " | ".join(parts)[: max(20, columns - 1)]
@@ -138,7 +158,8 @@ class ParquetSink:
 
 
 class TensorBoardSink:
-    """TensorBoard event files in the run's ``tb/``; every metric against the env steps.
+    """TensorBoard event files in the run's ``tb/``; every metric against the env steps (``by_iteration``: against
+    the iterations, for a run without env steps: BC).
 
     On a remote run directory the events are written to a local directory and copied to ``tb/`` at
     every ``flush`` (before checkpoints) and at the end. A resumed run passes ``purge_step`` (its env
@@ -147,7 +168,8 @@ class TensorBoardSink:
 
     name = "tensorboard"
 
-    def __init__(self, storage: RunStorage, purge_step: int | None = None):
+    def __init__(self, storage: RunStorage, purge_step: int | None = None, by_iteration: bool = False):
+        self.counter = "iteration" if by_iteration else "env_steps"
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # torch's writer needs the tensorboard package
@@ -179,7 +201,7 @@ class TensorBoardSink:
                 raise error
 
     def write(self, record: Record) -> None:
-        step = int(record["env_steps"])
+        step = int(record[self.counter])
         for key, value in record.items():
             if key not in ("env_steps", "iteration"):
                 self.writer.add_scalar(tag(key), value, global_step=step)
@@ -201,9 +223,9 @@ class TensorBoardSink:
             self.mirror = None
 
     def rewind(self, iteration: int, env_steps: int) -> None:
-        """The run continues from ``env_steps``: TensorBoard hides the events logged after them."""
+        """The run continues from ``env_steps`` (or ``iteration``): TensorBoard hides the events logged after them."""
         self.writer.close()
-        self.writer = self._open(env_steps + 1)
+        self.writer = self._open((iteration if self.counter == "iteration" else env_steps) + 1)
 
 
 #: The failures of the threads ``quiet_threads`` took over (None while they run); their sinks raise them.
@@ -318,13 +340,18 @@ def make_sinks(
     keep_until: int = 0,
     env_steps: int = 0,
     errors: TextIO | None = None,
+    by_iteration: bool = False,
 ) -> SinkSet:
     """The sinks of ``train.sinks`` for the run in ``storage`` (a resumed run: ``keep_until`` its iteration
-    and ``env_steps``). A sink that cannot be created is reported once on stderr and left out."""
+    and ``env_steps``). A sink that cannot be created is reported once on stderr and left out. ``by_iteration``:
+    a run without env steps (BC), whose progress is ``total_steps`` iterations."""
+    resumed_at = keep_until if by_iteration else env_steps
     factories = {
-        "console": lambda: ConsoleSink(total_steps),
+        "console": lambda: ConsoleSink(total_steps, by_iteration=by_iteration),
         "parquet": lambda: ParquetSink(storage, keep_until=keep_until),
-        "tensorboard": lambda: TensorBoardSink(storage, purge_step=env_steps + 1 if env_steps else None),
+        "tensorboard": lambda: TensorBoardSink(
+            storage, purge_step=resumed_at + 1 if resumed_at else None, by_iteration=by_iteration
+        ),
     }
     sinks = []
     for name in names:

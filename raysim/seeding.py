@@ -21,6 +21,7 @@ import torch
 EVAL_EPISODE = 5  # (eval seed, tag, episode index j): the reset seed of evaluation episode j
 EVAL_ACTION_NOISE = 7  # (eval seed, tag, episode index j): a stochastic or random evaluation's action noise
 EVAL_BATCH = 8  # (eval seed, tag, first global row): a shard's rows when its env cannot reset one row
+DEMONSTRATIONS = 13  # (run seed, tag): the evaluation seed demonstrations are recorded with, never eval.seed
 
 _MASK32 = 0xFFFFFFFF
 

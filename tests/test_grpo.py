@@ -159,7 +159,7 @@ def test_masked_transitions_contribute_nothing_to_the_loss_gradient():
     def gradient(chunk):
         batch = learner.algorithm.batch([chunk])
         learner.model.zero_grad(set_to_none=True)
-        loss, _ = grpo_loss(learner.model.actor, batch, algo, learner.algorithm.reference)
+        loss, _ = grpo_loss(learner.model.actor, batch, algo, learner.algorithm.reference, algo.kl_coef)
         loss.backward()
         return [p.grad.clone() for p in learner.model.actor.parameters()]
 
@@ -187,9 +187,9 @@ def test_algo_name_picks_the_algorithm_config_and_an_unknown_name_lists_the_vali
     assert isinstance(config.algo, GRPOConfig) and config.model.critic is False
     default = load_config("cartpole_grpo", ["model={}"])
     assert default.model.critic is False  # GRPO's model defaults to no critic
-    with pytest.raises(ConfigError, match="kl_coef"):
-        load_config("cartpole_ppo", ["algo.kl_coef=0.1"])  # a GRPO key is unknown to PPO
-    with pytest.raises(ConfigError, match=r"algo.name must be one of \['grpo', 'ppo'\]"):
+    with pytest.raises(ConfigError, match="group_size"):
+        load_config("cartpole_ppo", ["algo.group_size=4"])  # a GRPO key is unknown to PPO
+    with pytest.raises(ConfigError, match=r"algo.name must be one of \['bc', 'grpo', 'ppo'\]"):
         load_config("cartpole_ppo", ["algo.name=a2c"])
 
 
@@ -237,6 +237,6 @@ def test_a_lagging_round_is_clipped_around_the_learners_policy_and_weighted_trun
     assert torch.equal(batch["is_weights"][lagging:], torch.ones(len(batch["logprobs"]) - lagging))
     head = {"obs": {g: o[:lagging] for g, o in batch["obs"].items()}}
     head |= {k: v[:lagging] for k, v in batch.items() if k != "obs"}
-    loss, metrics = grpo_loss(actor, head, learner.algorithm.config, None)
+    loss, metrics = grpo_loss(actor, head, learner.algorithm.config, None, 0.0)
     assert metrics["approx_kl"] == 0 and metrics["clipfrac"] == 0  # nothing outside the clip range at the start
     assert torch.allclose(metrics["pg_loss"], -(head["advantages"] * head["is_weights"]).mean())

@@ -172,3 +172,20 @@ def test_a_checkpoint_directory_on_s3_given_with_query_options_last_is_recognise
     assert checkpoint.name == "3" and torch.equal(state["w"], torch.ones(3))
     endpoint_url = f"endpoint_url=http://{endpoint}"  # a query value with slashes in it
     assert split_checkpoint(f"s3://raysim-test/query/checkpoints/3/?{endpoint_url}")[1].name == "3"
+
+
+def test_a_new_run_starts_from_a_run_in_the_bucket_with_model_init_from(s3, tmp_path, monkeypatch, capsys):
+    import torch
+
+    from raysim.checkpoint import locate_checkpoint
+
+    for key, value in s3.items():
+        monkeypatch.setenv(key, value)
+    uri = "s3://raysim-test/runs/source"
+    assert main(["train", "--local", "--run-dir", uri, *TINY, "--set", "eval.every=0"]) == 0
+    tuned = tmp_path / "tuned"
+    short = ["--set", "train.total_steps=128", "--set", f"model.init_from={uri}", "--set", "algo.lr=1e-12"]
+    assert main(["train", "--local", "--run-dir", str(tuned), *TINY, *short]) == 0
+    assert f"model.init_from: starting from {uri}" in capsys.readouterr().out
+    source, started = locate_checkpoint(uri)[2]["model"], locate_checkpoint(tuned)[2]["model"]
+    assert all(torch.allclose(source[k], started[k]) for k in source if k.startswith("actor.net"))

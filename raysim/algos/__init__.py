@@ -11,11 +11,12 @@ import difflib
 import importlib
 
 from raysim.algos.base import Algorithm
+from raysim.algos.bc import BC, BCConfig
 from raysim.algos.grpo import GRPO, GRPOConfig
 from raysim.algos.optimizer import OptimizerConfig, missing_settings
 from raysim.algos.ppo import PPO, PPOConfig
 
-_REGISTRY: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO}
+_REGISTRY: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO, "bc": BC}
 
 
 def register(algorithm: type[Algorithm]) -> None:
@@ -46,4 +47,15 @@ def algorithm_class(name: str) -> type[Algorithm]:
     raise ValueError(f"algo.name must be one of {sorted(_REGISTRY)} or 'module:Class', got {name!r}{hint}")
 
 
-__all__ = ["GRPO", "PPO", "Algorithm", "GRPOConfig", "OptimizerConfig", "PPOConfig", "algorithm_class", "register"]
+__all__ = [
+    "BC",
+    "BCConfig",
+    "GRPO",
+    "PPO",
+    "Algorithm",
+    "GRPOConfig",
+    "OptimizerConfig",
+    "PPOConfig",
+    "algorithm_class",
+    "register",
+]

@@ -5,14 +5,16 @@ The learner calls it and never names an algorithm::
     algorithm = algorithm_class(config.name)(config, model, ranks)
     metrics = algorithm.update(chunks, step, generator)     # advantages, then epochs of the loss
 
-and the coordinator asks it how the shards collect (``collection``) and checks the config
+and the coordinator asks it how the shards collect (``collection``; None: it trains without training shards,
+on a dataset of demonstrations handed to it with ``attach``, for ``planned_iterations``) and checks the config
 (``check``). PPO and GRPO implement it in their own files; a third algorithm is one more file,
 found by name in the registry (``raysim.algos``) or as ``module.path:Class``.
 
 Every algorithm's config declares the settings raysim reads outside it (``OptimizerConfig``: the learning
 rate and its schedule, the gradient clip, the epochs and minibatches, the lag bound); ``run_epochs`` also reads
 ``target_kl`` where present. Before each update the learner sets the algorithm's ``version`` (its weights'
-policy version): a chunk of a lower ``policy_version`` was collected by an older policy.
+policy version: a chunk of a lower ``policy_version`` was collected by an older policy) and ``env_steps`` (the
+env steps the run consumed before it: the clock of the fine-tuning guards).
 """
 
 from __future__ import annotations
@@ -44,11 +46,28 @@ class Algorithm:
             raise ValueError(f"algo {self.name!r} does not train recurrent policies: set model.recurrent: none")
         self.config, self.model, self.ranks = config, model, ranks
         self.version = 0  # the policy version of the model's weights: the learner sets it before each update
+        self.env_steps = 0  # the env steps consumed before this update: the learner sets it before each update
 
     @classmethod
-    def collection(cls, config: Any) -> Collection:
-        """What each shard collects per iteration."""
+    def collection(cls, config: Any) -> Collection | None:
+        """What each shard collects per iteration (None: no training shards; the algorithm trains on what
+        ``attach`` gave it)."""
         raise NotImplementedError
+
+    @classmethod
+    def planned_iterations(cls, config: Any) -> int | None:
+        """The run's iterations when its budget is not in env steps (an algorithm without shards); None: it is
+        ``train.total_steps``."""
+        return None
+
+    def attach(self, demonstrations: Any) -> None:
+        """Train on ``demonstrations`` (``raysim.demos.Demonstrations``, this rank's share): algorithms that learn
+        from a dataset override it."""
+        raise ValueError(f"algo {self.name!r} does not train on a dataset of demonstrations")
+
+    def freezes_normalizer(self) -> bool:
+        """Whether this update leaves the observation statistics as they are (a fine-tuning warm-up)."""
+        return False
 
     @classmethod
     def check(cls, config: Any, num_envs: int) -> None:

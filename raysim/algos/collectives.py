@@ -12,6 +12,7 @@ import torch
 
 
 class Collectives(Protocol):
+    rank: int
     world_size: int
     device: torch.device
 

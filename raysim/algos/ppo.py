@@ -9,6 +9,11 @@ With ``max_policy_lag > 0`` chunks may have been collected by an older policy th
 update is then *decoupled PPO* (``raysim.algos.decoupled``, shared with GRPO): the ratio is taken to the
 learner's own policy at the start of the update and each sample weighted by the truncated importance
 weight. A chunk collected by the learner's current policy (every chunk in lockstep) is plain PPO.
+
+Fine-tuning a pretrained actor (``model.init_from``) has two guards, off by default: a critic warm-up
+(``critic_warmup_steps``: value-only updates while the new critic learns the pretrained policy's values)
+and a KL pull toward the pretrained actor (``kl_coef``, decaying over ``kl_decay_steps``: the mechanism of
+GRPO's KL penalty, ``raysim.algos.reference``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from raysim.algos.epochs import (
     valid_steps,
 )
 from raysim.algos.guard import GuardedStep
+from raysim.algos.reference import Reference, reference_of
 from raysim.algos.reward_scale import RewardScale
 from raysim.models import ActorCritic
 from raysim.rollout import FixedSteps, RolloutChunk
@@ -73,6 +79,14 @@ class PPOConfig:
     # a lagging chunk (decoupled PPO): the ratio is clipped around the learner's policy at the update's start,
     # and each sample weighted by that policy's probability over the acting policy's, truncated here
     max_is_weight: float = setting(2.0, help="truncation of a lagging chunk's importance weight (decoupled PPO)", low=1)
+    # fine-tuning guards (model.init_from); the defaults leave plain PPO
+    critic_warmup_steps: int = setting(
+        0, help="first env steps of value-only updates: the actor and the observation statistics frozen", low=0
+    )
+    kl_coef: float = setting(
+        0.0, help="KL pull toward the actor the run started from (model.init_from; 0: none)", low=0
+    )
+    kl_decay_steps: int = setting(0, help="env steps over which kl_coef falls linearly to 0 (0: constant)", low=0)
 
 
 def clipped_objective(logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float) -> torch.Tensor:
@@ -106,11 +120,17 @@ def ratio_metrics(logratio: torch.Tensor, clip_coef: float) -> dict[str, torch.T
     return {"approx_kl": approx_kl, "clipfrac": clipfrac}
 
 
-def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch.Tensor, dict]:
-    """The PPO loss of one minibatch and its metrics (tensors, still on the device)."""
+def ppo_loss(
+    model: ActorCritic, batch: Batch, config: PPOConfig, reference: Reference | None = None, kl_weight: float = 0.0
+) -> tuple[torch.Tensor, dict]:
+    """The PPO loss of one minibatch and its metrics (tensors, still on the device); with a ``reference``, plus
+    ``kl_weight`` times the KL to it (fine-tuning's pull toward the pretrained actor)."""
     # one forward of each network (a CNN the critic shares with the actor, model.shared_encoders: once for both;
     # a recurrent core replays the minibatch's sequences once for both, model.recurrent)
     newlogprob, entropy, newvalue = model.evaluate(batch["obs"], batch["actions"], batch.get("sequences"))
+    kl = torch.zeros((), device=newlogprob.device)
+    if reference is not None:
+        kl = reference.kl(batch["obs"], batch["actions"], newlogprob, batch.get("sequences"))
     batch = valid_steps(batch)  # a recurrent model's: the steps of its sequences that are not padding, flat
     logratio = newlogprob - batch["logprobs"]
 
@@ -127,11 +147,12 @@ def ppo_loss(model: ActorCritic, batch: Batch, config: PPOConfig) -> tuple[torch
         v_loss = 0.5 * (newvalue - batch["returns"]).square().mean()
 
     entropy_loss = entropy.mean()
-    loss = pg_loss - config.ent_coef * entropy_loss + config.vf_coef * v_loss
+    loss = pg_loss - config.ent_coef * entropy_loss + config.vf_coef * v_loss + kl_weight * kl
     metrics = {
         "pg_loss": pg_loss,
         "v_loss": v_loss,
         "entropy": entropy_loss,
+        **({"kl": kl} if reference is not None else {}),
         **ratio_metrics(logratio, config.clip_coef),
     }
     return loss, metrics
@@ -148,6 +169,15 @@ class PPO(Algorithm):
     def __init__(self, config: PPOConfig, model: ActorCritic, ranks: Collectives):
         super().__init__(config, model, ranks)
         self.reward_scale = RewardScale(config.gamma) if config.reward_scale else None
+        self.reference = reference_of(model.actor, config)  # the actor as loaded: model.init_from's when set
+
+    def warming_up(self) -> bool:
+        """The critic's warm-up (``critic_warmup_steps``): value-only updates, the actor and its inputs' statistics
+        frozen, so a pretrained actor is not moved by advantages from an untrained critic."""
+        return self.env_steps < self.config.critic_warmup_steps
+
+    def freezes_normalizer(self) -> bool:
+        return self.warming_up()
 
     @classmethod
     def collection(cls, config: PPOConfig) -> FixedSteps:
@@ -158,7 +188,14 @@ class PPO(Algorithm):
     ) -> dict[str, torch.Tensor]:
         if self.reward_scale is not None:  # before the advantages, which divide by its std
             self.reward_scale.observe(chunks, self.ranks)
-        return super().update(chunks, step, generator)
+        warming = self.warming_up()
+        self.model.actor.requires_grad_(not warming)  # no gradient: the optimizer leaves the actor as it is
+        try:
+            metrics = super().update(chunks, step, generator)
+        finally:
+            self.model.actor.requires_grad_(True)
+        metrics["actor_frozen"] = torch.tensor(float(warming), device=self.ranks.device)
+        return metrics
 
     def batch(self, chunks: list[RolloutChunk]) -> Batch:
         """Values, GAE advantages and returns (advantages + values) of every valid transition; for a recurrent
@@ -185,11 +222,17 @@ class PPO(Algorithm):
         return concat(parts)
 
     def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return ppo_loss(self.model, minibatch, self.config)
+        weight = self.reference.weight(self.env_steps) if self.reference is not None else 0.0
+        return ppo_loss(self.model, minibatch, self.config, self.reference, weight)
 
     def state_dict(self) -> dict:
-        return {"reward_scale": self.reward_scale.state_dict()} if self.reward_scale is not None else {}
+        state = {"reward_scale": self.reward_scale.state_dict()} if self.reward_scale is not None else {}
+        if self.reference is not None:
+            state["reference"] = self.reference.actor.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if self.reward_scale is not None and "reward_scale" in state:
             self.reward_scale.load_state_dict(state["reward_scale"])
+        if self.reference is not None and "reference" in state:
+            self.reference.actor.load_state_dict(state["reference"])

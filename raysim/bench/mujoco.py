@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raysim.algos import algorithm_class
 from raysim.bench.peers import MISSING, peer_module
 from raysim.bench.results import (
     ANCHORS,
@@ -125,6 +126,8 @@ def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: a
         ],
     )
     summary = raysim.Trainer(config, address=args.address).train()
+    if summary.evaluation is None:  # stopped (a signal) before its final evaluation: nothing to record
+        raise SystemExit(f"raysim bench: {run_dir} stopped ({summary.stopped_by}) before its evaluation: not recorded")
     rows = read_metrics(open_storage(str(run_dir)))
     curve = [(int(r["env_steps"]), r["episode_return"], int(r["episodes"])) for r in rows if r.get("episodes")]
     return {
@@ -132,9 +135,16 @@ def train_raysim(config_name: str, seed: int, steps: int, run_dir: Path, args: a
         "train_seconds": summary.wall_time,
         "startup_seconds": summary.startup_time,
         **evaluation_result(summary.evaluation),
-        "layout": f"{config.shards.count} shard(s) x {config.env.num_envs} env(s) x {config.algo.num_steps} steps",
+        "layout": layout(config),
         "max_policy_lag": config.algo.max_policy_lag,
     }, curve
+
+
+def layout(config: Config) -> str:
+    """Shards x rows x steps of a chunk (a GRPO round: its step limit); an algorithm without shards (BC): none."""
+    if algorithm_class(config.algo.name).collection(config.algo) is None:
+        return "no shards (the learner on a dataset)"
+    return f"{config.shards.count} shard(s) x {config.env.num_envs} env(s) x {config.algo.num_steps} steps"
 
 
 def evaluation_result(report: EvalReport) -> dict:

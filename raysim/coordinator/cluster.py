@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from raysim.actors import Backend, LocalBackend, RayBackend
-from raysim.config import Config
+from raysim.config import Config, training_shards
 from raysim.coordinator.memory import MemoryNeed, cluster_memory, machine_memory
 
 
@@ -46,7 +46,7 @@ def needs(config: Config) -> list[Need]:
     cfg = config
     shard = {"CPU": cfg.shards.num_cpus, **cfg.shards.resources}
     learner = {"CPU": cfg.learner.num_cpus, "GPU": cfg.learner.num_gpus, **cfg.learner.resources}
-    found = [Need("shards", cfg.shards.count, shard, "shards.count, shards.num_cpus, shards.resources")]
+    found = [Need("shards", training_shards(cfg), shard, "shards.count, shards.num_cpus, shards.resources")]
     if cfg.eval.episodes or cfg.eval.every or cfg.eval.every_steps:
         found.append(Need("evaluation shards", cfg.eval.shards, shard, "eval.shards, shards.num_cpus"))
     found.append(

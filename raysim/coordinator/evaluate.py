@@ -112,9 +112,11 @@ def evaluate_config(
     on_episode: Callable[[dict], None] | None = None,
     film: Film | None = None,
     policy: str | None = None,
+    trajectories: bool = False,
 ) -> EvalReport:
     """Evaluate ``weights`` (``{"version", "actor"}``: a checkpoint's actor), or with ``weights`` None the scripted
-    ``policy``, as ``config.eval`` says, on new evaluation shards."""
+    ``policy``, as ``config.eval`` says, on new evaluation shards; ``trajectories``: each record also carries its
+    episode's steps (``EvalEpisodes.trajectories``)."""
     check_env_and_model(config, new_run=False)  # an env that cannot be built here is said before Ray starts
     if policy is not None:
         check_policy(config, policy)
@@ -131,7 +133,7 @@ def evaluate_config(
             handles,
             [config.eval.num_envs] * len(handles),
             weights,
-            dataclasses.replace(EvalSpec.of(config.eval, max_episode_steps), policy=policy),
+            dataclasses.replace(EvalSpec.of(config.eval, max_episode_steps), policy=policy, trajectories=trajectories),
             on_scored_episode,
             on_episode,
             film=film,

@@ -56,6 +56,8 @@ class MemoryNeed:
 def memory_need(config: Config, spaces: tuple[dict[str, Any], Any]) -> MemoryNeed:
     """The least memory the roles of ``config`` hold at once, with the env's ``(observation spaces, action space)``."""
     plan = algorithm_class(config.algo.name).collection(config.algo)
+    if plan is None:  # no shards (BC): no chunks in flight
+        return MemoryNeed(0.0, 0.0, 0.0, 0, config.env.num_envs, config.backend != "local")
     steps = plan.steps_per_row or plan.max_steps  # a round of episodes is bounded by max_steps
     observations, action = spaces
     obs = sum(math.prod(s.shape) * group_dtype(s).itemsize for s in observations.values())  # images: uint8

@@ -116,9 +116,10 @@ def restore(
     if point.checkpoint is None:
         return Ready(state)
     how = load_roles(backend, roles, point.state)
+    shards = f"; shards continue {how}" if roles.shards else ""  # none: an algorithm without shards (BC)
     print(
         f"raysim: resuming {run_dir} from {storage.path(point.checkpoint.rel)} "
-        f"(iteration {state.iteration}, {state.env_steps:,} env steps); shards continue {how}",
+        f"(iteration {state.iteration}, {state.env_steps:,} env steps){shards}",
         flush=True,
     )
     return Ready(state, loaded=point.state, saved=point.checkpoint)
@@ -154,7 +155,7 @@ def restart_learner(session: Session, error: Exception) -> None:
         ) from error
     for handle in roles.learner.handles:
         s.backend.kill(handle)
-    roles.learner = create_learner(s.backend, cfg, roles.spaces, s.horizon)
+    roles.learner = create_learner(s.backend, cfg, roles.spaces, s.horizon, roles.starts)
     died = f"raysim: fault: the learner died ({type(error).__name__})"
     if s.ready.state.iteration == 0:
         print(f"{died} before the first iteration completed: started a new one", flush=True)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raysim.actors import Backend, Handle
-from raysim.config import Config
+from raysim.config import Config, training_shards
 from raysim.coordinator.cluster import ResourceError, describe_needs, needs
 from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.registry import materialize
@@ -24,6 +24,8 @@ class Roles:
     learner: LearnerGroup
     max_episode_steps: int | None
     spaces: tuple  # the env's observation spaces and action space, to build a learner again
+    # what a learner starts from beside its config (object refs: ``create_learner``), to build one again
+    starts: dict = field(default_factory=dict)
 
     def replace_shard(self, index: int, shard: Handle) -> None:
         """Training shard ``index`` is ``shard`` from now on."""
@@ -88,13 +90,17 @@ def start_shard(backend: Backend, config: Config, index: int, evaluation: bool =
     return shards[0]
 
 
-def create_learner(backend: Backend, config: Config, spaces: tuple, horizon: int) -> LearnerGroup:
+def create_learner(
+    backend: Backend, config: Config, spaces: tuple, horizon: int, starts: dict | None = None
+) -> LearnerGroup:
     """The learner group of ``config`` (``learner.ranks`` ranks), started (``TimeoutError`` after
-    ``resources_timeout``); ``horizon``: the env steps planned (schedule)."""
+    ``resources_timeout``); ``horizon``: the env steps planned (schedule); ``starts``: ``pretrained`` weights
+    and ``demonstrations`` (``Learner``'s arguments, already in the object store)."""
     observation_spaces, action_space = spaces
     return LearnerGroup(
         backend,
         config.learner.ranks,
+        **(starts or {}),
         observation_spaces=observation_spaces,
         action_space=action_space,
         model=config.model,
@@ -111,21 +117,23 @@ def create_learner(backend: Backend, config: Config, spaces: tuple, horizon: int
     )
 
 
-def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) -> Roles:
-    """Every role of a run: training shards, evaluation shards (when the run evaluates), the learner group,
-    all starting at once (``spaces``: the env's observation spaces and action space, from the preflight).
+def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple, starts: dict | None = None) -> Roles:
+    """Every role of a run: training shards (none for an algorithm without: BC), evaluation shards (when the run
+    evaluates), the learner group, all starting at once (``spaces``: the env's observation spaces and action
+    space, from the preflight; ``starts``: what the learner starts from, put in the object store once here).
 
     Returns once the training shards and the learner ranks answer (``ResourceError`` after
     ``resources_timeout``); a role that dies before it starts (its node went) is replaced meanwhile. The
     evaluation shards are created then, not needed before the first evaluation: they start while the first
     iterations run instead of delaying them (the preflight checked that the cluster has room for every role).
     """
-    shards = [create_shard(backend, config, i) for i in range(config.shards.count)]
+    shards = [create_shard(backend, config, i) for i in range(training_shards(config))]
+    starts = {k: backend.put(v) for k, v in (starts or {}).items() if v is not None}
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
         backend.request_capacity(shard_request(config), config.shards.max)
     learner = None
     try:
-        learner = create_learner(backend, config, spaces, horizon)
+        learner = create_learner(backend, config, spaces, horizon, starts)
         started = backend.wait_started(
             shards,
             EnvShard.spaces,
@@ -141,4 +149,7 @@ def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple) 
     eval_shards = [
         create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)
     ]
-    return Roles(tuple(shards), eval_shards, learner, started[0][2], spaces)
+    if not started and eval_shards:  # no training shards (BC): the evaluation shards know the episode limit
+        started = [backend.get(eval_shards[0].call(EnvShard.spaces))]
+    max_episode_steps = started[0][2] if started else None
+    return Roles(tuple(shards), eval_shards, learner, max_episode_steps, spaces, starts)

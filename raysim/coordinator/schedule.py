@@ -2,7 +2,8 @@
 
 With fixed batches every iteration collects rows x steps per row, so the budget ``train.total_steps`` is
 a number of iterations (``planned``); otherwise (grouped episodes, elastic shards, batches of the first
-chunks to arrive) the batch varies and the run stops on the env steps it collected.
+chunks to arrive) the batch varies and the run stops on the env steps it collected. An algorithm without
+shards (BC) plans its own iterations.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ class Schedule:
 
     @classmethod
     def of(cls, config: Config) -> Schedule:
-        per_row = algorithm_class(config.algo.name).collection(config.algo).steps_per_row
-        rows = config.shards.count * config.env.num_envs
-        fixed = per_row is not None and not config.shards.max and config.shards.wait_fraction >= 1
         planned, total = planned_iterations(config), config.train.total_steps
-        return cls(fixed, planned, planned * rows * per_row if fixed else total, total, config.train.log_every)
+        plan = algorithm_class(config.algo.name).collection(config.algo)
+        if plan is None:  # no shards (BC): the algorithm's own iterations, no env steps
+            return cls(True, planned, planned, total, config.train.log_every)
+        rows = config.shards.count * config.env.num_envs
+        fixed = plan.steps_per_row is not None and not config.shards.max and config.shards.wait_fraction >= 1
+        horizon = planned * rows * plan.steps_per_row if fixed else total
+        return cls(fixed, planned, horizon, total, config.train.log_every)
 
     def budget_reached(self, state: RunState) -> bool:
         """``train.total_steps``: the planned iterations of fixed batches, else the env steps collected."""
@@ -43,7 +47,12 @@ class Schedule:
 
 
 def planned_iterations(config: Config) -> int:
-    """The iterations ``train.total_steps`` takes at rows x steps per row each (the most, for varying batches)."""
-    per_row = algorithm_class(config.algo.name).collection(config.algo).steps_per_row
+    """The iterations ``train.total_steps`` takes at rows x steps per row each (the most, for varying batches), or
+    the algorithm's own count (no shards: BC)."""
+    algorithm = algorithm_class(config.algo.name)
+    planned = algorithm.planned_iterations(config.algo)
+    if planned is not None:
+        return planned
+    per_row = algorithm.collection(config.algo).steps_per_row
     rows = config.shards.count * config.env.num_envs
     return max(1, math.ceil(config.train.total_steps / (rows * (per_row or 1))))

@@ -114,7 +114,7 @@ def flat(data: dict, prefix: str = "") -> dict[str, Any]:
 
 
 #: Model options that do not change the shapes or meaning of saved weights (only how they start).
-START_ONLY_MODEL_KEYS = ("init_log_std",)
+START_ONLY_MODEL_KEYS = ("init_log_std", "init_from")
 
 
 def resume_refusal(meta: dict[str, Any], config: Config) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from raysim.actors import Backend, InputLost, cause
 from raysim.algos import algorithm_class
@@ -32,6 +33,7 @@ from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Collected, Collector
 from raysim.coordinator.memory import memory_need
 from raysim.coordinator.preflight import check_env_and_model, check_renders, check_run_dir, check_weights_fit
+from raysim.coordinator.pretrained import read_pretrained
 from raysim.coordinator.recovery import ResumePoint, restart_learner, restore, resume_point
 from raysim.coordinator.roles import create_roles
 from raysim.coordinator.run_state import RunState
@@ -55,6 +57,14 @@ __all__ = ["FINISHED", "Reporter", "ResumePoint", "RunFailed", "Summary", "Train
 #: run (the budget, ``eval.stop_return``): that one is the ``Summary``'s, whose checkpoint (the final save) and
 #: ``final_metrics`` a Tune trial reports once the run closed; so each report carries its own iteration's checkpoint.
 Reporter = Callable[[dict[str, float], Checkpoint | None], bool]
+
+
+def read_demonstrations(config: Config, spaces: tuple) -> Any:
+    """The dataset an algorithm without shards (BC) trains on, read once here (``raysim.demos``: Minari, an
+    optional extra) and checked against the env before anything starts."""
+    from raysim.demos import load_demonstrations
+
+    return load_demonstrations(config.algo.dataset, *spaces, config.env.frame_stack)
 
 
 class Trainer:
@@ -96,8 +106,13 @@ class Trainer:
         self.meta = {"identity": identity, "canonical_env": canonical_env, "model": to_dict(config.model)}
         self.meta["algo"] = config.algo.name  # every checkpoint's meta.json, beside the run state
         meta_json(self.meta)  # a value meta.json cannot hold fails here, not at the first save
-        self.plan = algorithm_class(config.algo.name).collection(config.algo)
+        self.plan = algorithm_class(config.algo.name).collection(config.algo)  # None: no training shards (BC)
         self.schedule = Schedule.of(config)
+        starts_new = resume is None or resume.checkpoint is None  # a resume's own checkpoint wins over init_from
+        self.starts = {
+            "pretrained": read_pretrained(config, self.spaces, identity) if starts_new else None,
+            "demonstrations": None if self.plan else read_demonstrations(config, self.spaces),
+        }
         self.session: Session | None = None  # opened by ``train``
 
     @classmethod
@@ -175,7 +190,7 @@ class Trainer:
         """The session: roles, the iteration to start from (a new run's, after freezing its configs; or a
         checkpoint's, loaded into the roles), the sinks. Roles already started end if this fails."""
         cfg = self.config
-        roles = create_roles(backend, cfg, self.schedule.horizon, self.spaces)
+        roles = create_roles(backend, cfg, self.schedule.horizon, self.spaces, self.starts)
         try:
             collector = Collector(backend, cfg, roles, self.plan, cfg.learner.ranks)
             if self.resume:
@@ -197,12 +212,14 @@ class Trainer:
         if self.sinks is not None:
             return SinkSet(self.sinks)
         cfg = self.config
+        shardless = self.plan is None  # BC: progress in iterations, no env steps
         return make_sinks(
             cfg.train.sinks,
             self.storage,
-            cfg.train.total_steps,
+            self.schedule.planned if shardless else cfg.train.total_steps,
             keep_until=state.iteration,
             env_steps=state.env_steps if self.resume else 0,
+            by_iteration=shardless,
         )
 
     def _run(self, s: Session, startup: float) -> Summary:
@@ -210,10 +227,17 @@ class Trainer:
         failure: BaseException | None = None
         if self.resume and self.schedule.budget_reached(s.ready.state):
             state, total = s.ready.state, self.config.train.total_steps
+            if self.plan is None:  # no shards (BC): a budget of gradient steps
+                at, budget, key = (
+                    f"iteration {state.iteration}",
+                    f"algo.updates={self.config.algo.updates:,}",
+                    "algo.updates",
+                )
+            else:
+                at, budget, key = f"{state.env_steps:,} env steps", f"train.total_steps={total:,}", "train.total_steps"
             print(
-                f"raysim: nothing to train: the run is at {state.env_steps:,} env steps and the config's budget is "
-                f"train.total_steps={total:,}; to train longer: raysim resume {self.run_dir} "
-                f"--set train.total_steps=<more>",
+                f"raysim: nothing to train: the run is at {at} and the config's budget is {budget}; to train "
+                f"longer: raysim resume {self.run_dir} --set {key}=<more>",
                 flush=True,
             )
         try:
@@ -287,7 +311,7 @@ class Trainer:
         with clock.phase("time_update"):  # the shards collect ahead meanwhile (algo.max_policy_lag)
             result = self._update(s, batch, log, before.env_steps)
             s.weights = roles.learner.get_weights()
-        result["policy_lag"] = before.version - min(batch.versions)  # the oldest weights trained on
+        result["policy_lag"] = before.version - min(batch.versions, default=before.version)  # the oldest trained on
         faults.on_phase("update", iteration, s)
         clock.iterations += 1
         seconds = s.first.seconds + clock.training_seconds()  # the run's, continued across processes

@@ -118,6 +118,16 @@ class FrameStack(BatchedEnv):
         step.obs = self._observed(step.obs)
         return step
 
+    def newest(self, obs: Obs) -> Obs:
+        """``obs`` (of this wrapper: the rows' stacks, or ``final_obs``) with each stacked group's newest
+        observation, as the env gave it (views): what demonstrations keep (``raysim.rollout.trajectories``)."""
+        newest = dict(obs)
+        for group in self.groups:
+            axis, stack = self.axis[group], obs[group]
+            width = stack.shape[axis] // self.k
+            newest[group] = stack.narrow(axis, stack.shape[axis] - width, width)
+        return newest
+
     def frames(self, size: int) -> torch.Tensor:
         """The env's pictures (a stack is what the policy sees, not what a person watches)."""
         return self.env.frames(size)

@@ -24,8 +24,10 @@ own reset is deterministic given the goal vector (it resets MuJoCo's data and re
 Episodes. ``max_episode_steps`` (500, Meta-World's ``max_path_length``) truncates. ``success`` in the
 report is Meta-World's ``info["success"]`` set **at any step** of the episode (the benchmark's count), or
 the flag at the last step under ``env.success: final`` (``count_success``). ``end_on_success``: an episode
-terminates at its first success (Meta-World's evaluation protocol). Reward: Meta-World's, of
-``reward_version`` (v2, or v1).
+terminates at its first success (Meta-World's evaluation protocol). Reward: Meta-World's dense reward, of
+``reward_version`` (v2, or v1); or, with ``reward: success``, a sparse success reward: 1 at the step the
+episode first succeeds, 0 at every other (with ``end_on_success``, the step it ends), as GRPO fine-tuning on
+success uses it. Both are options of the task, so part of the env identity.
 
 Observations: ``policy``, Meta-World's 39 values (hand, gripper, objects, the previous frame's, the
 goal: goal-observable as in the MT benchmarks) as float32, then the one-hot task id when K > 1.
@@ -56,6 +58,7 @@ INSTALL = 'pip install "raysim[metaworld]"'
 BENCHMARKS = ("MT1", "MT10", "MT50")
 GOALS = ("benchmark", "sampled")
 REWARD_VERSIONS = ("v1", "v2")
+REWARDS = ("dense", "success")  # Meta-World's shaped reward (of reward_version), or 1 at the first success
 NUM_GOALS = 50  # Meta-World's goal variations per task
 OBS_SIZE = 39
 
@@ -135,6 +138,7 @@ class MetaWorld(TorchEnv):
         max_episode_steps: int = 500,
         end_on_success: bool = False,
         reward_version: str = "v2",
+        reward: str = "dense",
         device: str = "cpu",
     ):
         super().__init__(num_envs, seed, max_episode_steps, device)
@@ -151,7 +155,9 @@ class MetaWorld(TorchEnv):
             raise ValueError(f"{ENV_ID}: reward_version must be one of {list(REWARD_VERSIONS)}, got {reward_version!r}")
         if not isinstance(end_on_success, bool):
             raise ValueError(f"{ENV_ID}: end_on_success must be true or false, got {end_on_success!r}")
-        self.goals, self.end_on_success = goals, end_on_success
+        if reward not in REWARDS:
+            raise ValueError(f"{ENV_ID}: reward must be one of {list(REWARDS)}, got {reward!r}")
+        self.goals, self.end_on_success, self.sparse = goals, end_on_success, reward == "success"
         self.goal_table = options["goal_table"]
         self.task_of_row = torch.arange(self.num_envs) % K
         self.envs = [self._build(self.task_names[k], reward_version) for k in self.task_of_row.tolist()]
@@ -242,6 +248,8 @@ class MetaWorld(TorchEnv):
         for row, env in enumerate(self.envs):
             obs[row, :OBS_SIZE], reward[row], _, _, info = env.step(action[row])
             success[row] = bool(info["success"])
+        if self.sparse:  # 1 at the episode's first success
+            reward = (self.success_now & ~self.succeeded).numpy().astype(np.float32)
         self.succeeded |= self.success_now
         terminated = self.success_now.clone() if self.end_on_success else torch.zeros_like(self.success_now)
         return torch.from_numpy(reward), terminated

@@ -25,8 +25,16 @@ from raysim.algos.guard import GuardedStep
 from raysim.algos.optimizer import OptimizerConfig
 from raysim.learner.inputs import read_chunks
 from raysim.learner.ranks import RankGroup
-from raysim.learner.window import MetricWindow, episode_stats, episode_sums, reduce_gathered, to_host
-from raysim.models import ActorCritic, ModelConfig
+from raysim.learner.window import (
+    MetricWindow,
+    episode_stats,
+    episode_sums,
+    reduce_gathered,
+    sampling_stats,
+    sampling_sums,
+    to_host,
+)
+from raysim.models import ActorCritic, ModelConfig, load_pretrained
 from raysim.models.normalizer import merge_across_ranks, moments
 from raysim.rollout import RolloutChunk
 from raysim.rollout.arrays import ArrayDict
@@ -62,13 +70,19 @@ class Learner:
         device: str = "cpu",
         rank: int = 0,
         world_size: int = 1,
+        pretrained: dict[str, torch.Tensor] | None = None,
+        demonstrations: Any = None,
     ):
         self.device = resolve_device(device)
         self.ranks = RankGroup(rank, world_size, self.device)
         with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank; the caller's RNG untouched
             torch.manual_seed(derive_seed(seed, 3))
             self.model = ActorCritic(observation_spaces, action_space, model).to(self.device)
+        if pretrained is not None:  # before the algorithm, which may copy the actor (a KL reference)
+            load_pretrained(self.model, pretrained, model.init_log_std)
         self.algorithm = algorithm_class(algo.name)(algo, self.model, self.ranks)
+        if demonstrations is not None:
+            self.algorithm.attach(demonstrations)
         # fused: one kernel for every parameter's update (CPU and CUDA), a quarter of the for-loop Adam's time
         # at these network sizes; the same arithmetic and state_dict
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=algo.lr, eps=1e-5, fused=True)
@@ -194,10 +208,13 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.algorithm.version = self.version  # chunks of a lower policy_version were collected by an older policy
+        self.algorithm.env_steps = env_steps
         metrics = self.algorithm.update(chunks_here, self.step, self.generator)
-        self.update_normalizers(chunks_here)  # after: the update reads the statistics the actors acted with
+        if chunks_here and not self.algorithm.freezes_normalizer():
+            self.update_normalizers(chunks_here)  # after: the update reads the statistics the actors acted with
         self.version += 1
-        self.window.add(metrics, episode_sums(chunks), weight=sum(c.env_steps for c in trained))
+        weight = sum(c.transitions for c in trained) if trained else 1  # an algorithm without shards: per update
+        self.window.add(metrics, {**episode_sums(chunks), **sampling_sums(chunks, len(trained))}, weight=weight)
         result = {
             "env_steps": sum(int(c.env_steps) for c in chunks),
             "stale_steps": sum(int(c.env_steps) for c in chunks[len(trained) :]),
@@ -245,6 +262,7 @@ class Learner:
         result = dict(zip(names.means, values, strict=False))
         sums = dict(zip(names.sums, values[len(names.means) :], strict=False))
         result.update(episode_stats(sums, values[-2], values[-1]))
+        result.update(sampling_stats(sums))
         return result
 
 

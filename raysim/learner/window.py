@@ -35,7 +35,16 @@ class MetricWindow:
     batches (GRPO's rounds, elastic shards) is the mean over their transitions.
     """
 
-    SUMS = ("episodes", "return_sum", "length_sum", "success_sum")
+    SUMS = (
+        "episodes",
+        "return_sum",
+        "length_sum",
+        "success_sum",
+        "env_steps_trained",
+        "groups_played",
+        "groups_dropped",
+        "groups_filled",
+    )
 
     def __init__(self):
         self.totals: dict[str, torch.Tensor] = {}
@@ -121,6 +130,37 @@ def episode_sums(chunks: list[RolloutChunk]) -> dict[str, torch.Tensor]:
         "length_sum": columns["length"].sum(),
         "success_sum": columns["success"].sum() if has_success else torch.tensor(float("nan")),
         "extremes": torch.stack([returns.min(), returns.max()]) if count else torch.tensor([math.inf, -math.inf]),
+    }
+
+
+def sampling_sums(chunks: list[RolloutChunk], trained: int) -> dict[str, torch.Tensor]:
+    """``env_steps_trained``, the transitions of the first ``trained`` chunks (the others arrived past the lag bound
+    and were not trained on), and GRPO's dynamic sampling counts over all of them (``RolloutChunk.groups_played``)."""
+
+    def total(values) -> torch.Tensor:
+        return torch.tensor(float(sum(values)))
+
+    return {
+        "env_steps_trained": total(c.transitions for c in chunks[:trained]),
+        "groups_played": total(c.groups_played for c in chunks),
+        "groups_dropped": total(c.groups_dropped for c in chunks),
+        "groups_filled": total(c.groups_filled for c in chunks),
+    }
+
+
+def sampling_stats(sums: dict[str, float]) -> dict[str, float]:
+    """Dynamic sampling's metrics from ``sampling_sums`` (after the reduction), where it played groups (else none):
+    ``env_steps_trained`` since the last log step (``env_steps`` counts every step played), ``groups_dropped`` the
+    fraction of the groups played that were left out, ``groups_filled`` the fraction of those kept that were
+    uninformative, taken because ``algo.max_rounds`` ran out."""
+    played = sums.get("groups_played", 0.0)
+    if not played:
+        return {}
+    kept = played - sums["groups_dropped"]
+    return {
+        "env_steps_trained": sums["env_steps_trained"],
+        "groups_dropped": sums["groups_dropped"] / played,
+        "groups_filled": sums["groups_filled"] / kept,
     }
 
 

@@ -15,6 +15,7 @@ from raysim.models.networks import (
     to_action_space,
 )
 from raysim.models.normalizer import RunningNorm
+from raysim.models.pretrained import load_pretrained
 from raysim.models.recurrent import RecurrentCore, RowMemory
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "RowMemory",
     "RunningNorm",
     "actor_state",
+    "load_pretrained",
     "sample_categorical",
     "to_action_space",
 ]

@@ -107,6 +107,11 @@ class ModelConfig:
     obs_norm_clip: float = setting(
         10.0, help="normalized observations are clipped to [-clip, clip]", low=0, open_low=True
     )
+    init_from: str | None = setting(
+        None,
+        help="a new run starts from this run's (or checkpoint's) actor, and its critic where it fits; the log-std "
+        "from init_log_std (a resume continues from its own checkpoint instead)",
+    )
 
 
 def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_gain: float = 1.0) -> nn.Sequential:

@@ -38,6 +38,13 @@ class RolloutChunk:
     # a recurrent actor's (model.recurrent), so the learner replays the rows' sequences; None otherwise:
     state0: torch.Tensor | None = None  # [N, S] each row's state before obs[0] (zeroed where starts[0])
     starts: torch.Tensor | None = None  # [T+1, N] bool, obs[t] starts an episode of the row: its state is zeroed first
+    # GRPO's dynamic sampling (``raysim.rollout.dynamic_sampling``; all 0 without it): the groups played for this
+    # chunk, those left out of it, the uninformative ones kept because the rounds ran out, and the valid transitions
+    # of those left out (their episodes are in ``episodes``, with ``row`` -1)
+    groups_played: int = 0
+    groups_dropped: int = 0
+    groups_filled: int = 0
+    dropped_steps: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -49,7 +56,13 @@ class RolloutChunk:
 
     @property
     def env_steps(self) -> int:
-        """Valid transitions in the chunk."""
+        """Valid transitions played for the chunk: those it holds and those of the groups dynamic sampling left out
+        (the run's budget and schedule count every step played)."""
+        return self.transitions + self.dropped_steps
+
+    @property
+    def transitions(self) -> int:
+        """Valid transitions in the chunk: what an update trains on."""
         return int(self.mask.sum())
 
     def __reduce__(self):

@@ -14,7 +14,8 @@ into an *ending*, the object its loop consults::
         obs = step.obs
 
 - ``FixedSteps(T)``: a chunk of ``T`` steps that continues the rows' running episodes (PPO);
-- ``GroupEpisodes(G, max_steps)``: every row plays one episode from its group's shared start (GRPO);
+- ``GroupEpisodes(G, max_steps)``: every row plays one episode from its group's shared start (GRPO); with
+  ``keep_groups``, rounds of them until that many groups are informative (``raysim.rollout.dynamic_sampling``);
 - ``EvalEpisodes(...)``: evaluation episodes by global index, per-row quotas; returns records, not a chunk.
 """
 
@@ -30,6 +31,7 @@ from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.models import Actor, RowMemory
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.policies import EvalPolicy, LearnedPolicy, scripted_policy
+from raysim.rollout.trajectories import Trajectories
 from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_seed
 
 
@@ -49,10 +51,14 @@ class GroupEpisodes:
     """One episode per row; rows ``[gG, (g+1)G)`` start from one shared reset seed (GRPO groups).
 
     The round stops when every row finished, or after ``max_steps`` steps (running episodes are cut).
+    ``keep_groups`` (dynamic sampling, ``raysim.rollout.dynamic_sampling``): play rounds until that many groups
+    have returns that are not all equal, at most ``max_rounds``; None: one round, every group.
     """
 
     group_size: int
     max_steps: int
+    keep_groups: int | None = None
+    max_rounds: int = 1
 
     @property
     def steps_per_row(self) -> None:
@@ -76,7 +82,8 @@ class EvalEpisodes:
     ("first n to finish", the biased count kept for comparison; which episodes those are depends on
     the layout). ``policy``: what acts (``raysim.rollout.policies``): None, the shard's actor with the
     weights ``EnvShard.evaluate`` loads; ``random`` (uniform actions from the same keyed noise, whatever
-    ``deterministic`` says) or ``expert`` (the env's scripted expert), which need no weights.
+    ``deterministic`` says) or ``expert`` (the env's scripted expert), which need no weights. ``trajectories``:
+    each counted episode's record also carries its steps (``raysim.rollout.trajectories``: demonstrations).
     """
 
     quotas: Sequence[int]
@@ -87,6 +94,7 @@ class EvalEpisodes:
     stop_after: int | None = None
     rows: int | None = None
     policy: str | None = None
+    trajectories: bool = False
 
 
 @dataclass(frozen=True)
@@ -311,7 +319,8 @@ class GroupEnding(Ending):
     from the round: all of its transitions are masked and its record has ``finished`` False; its
     return so far still enters its group's statistics. ``chunk.episodes`` holds one record per row
     (in row order): ``return``, ``length``, ``row``, ``group``, ``t`` (the step it finished at, or
-    ``T-1`` when cut) and ``finished``.
+    ``T-1`` when cut), ``finished`` and, where the env reports it, ``success`` (the env's report of the
+    row's episode; False for a row whose episode did not end in the round: no report came).
     """
 
     def __init__(self, shard: Acting, plan: GroupEpisodes):
@@ -319,10 +328,18 @@ class GroupEnding(Ending):
             raise ValueError(f"max_steps must be >= 1, got {plan.max_steps}")
         self.shard, self.group_size, self.max_steps = shard, int(plan.group_size), int(plan.max_steps)
         N = shard.env.num_envs
+        groups = N // self.group_size
+        if (plan.keep_groups is not None and not 1 <= plan.keep_groups <= groups) or plan.max_rounds < 1:
+            raise ValueError(
+                f"keep_groups must be in 1..{groups} (the groups of a round) and max_rounds >= 1, "
+                f"got {plan.keep_groups} and {plan.max_rounds}"
+            )
         self.active = torch.ones(N, dtype=torch.bool)
         self.episode_return = torch.zeros(N)
         self.episode_length = torch.zeros(N, dtype=torch.int64)
         self.finished_at = torch.full((N,), -1, dtype=torch.int64)
+        self.success = torch.zeros(N, dtype=torch.bool)
+        self.reports_success = shard.env.defines_success is True  # else: once a report carries it
 
     def begin(self) -> Obs:
         obs = group_reset(self.shard, self.group_size, self.shard.group_rounds)
@@ -351,6 +368,11 @@ class GroupEnding(Ending):
         step.valid = mask_t
         step.reward = torch.where(mask_t, step.reward, 0.0)
         step.terminated, step.truncated = step.terminated & mask_t, step.truncated & mask_t
+        if "success" in step.episodes:  # the env's reports of the episodes of this round that ended here
+            ended = step.ended_rows()
+            mine = mask_t[ended]
+            self.success[ended[mine]] = step.episodes["success"][mine].bool()
+            self.reports_success = True
         if step.done_rows.numel():  # only the episodes of this round end here; the rows' next ones are ignored
             keep = mask_t[step.done_rows]
             step.done_rows = step.done_rows[keep]
@@ -374,6 +396,8 @@ class GroupEnding(Ending):
             "t": torch.where(finished, self.finished_at, steps - 1),
             "finished": finished,
         }
+        if self.reports_success:
+            episodes["success"] = self.success
         return self.chunk.build(steps, obs, episodes)
 
 
@@ -417,7 +441,8 @@ class EvalEnding(Ending):
     ``record`` holds scalars: the episode index ``episode`` (j), its reset ``seed``, ``terminated``,
     ``truncated``, the env's report fields (``task`` by name where the env has several:
     ``BatchedEnv.task_names``), and two facts of the layout, the global ``row`` that played it and the
-    batched ``step`` it finished at; ``report`` is the env-owned episode report as the env gave it. An
+    batched ``step`` it finished at (and, with ``EvalEpisodes.trajectories``, ``trajectory``: the episode's steps,
+    ``Trajectories.take``); ``report`` is the env-owned episode report as the env gave it. An
     episode with a non-finite value (``on_nonfinite: mask``) is not counted: ``excluded`` counts it. A
     row that played its quota idles (its episodes are ignored).
 
@@ -448,6 +473,9 @@ class EvalEnding(Ending):
             if plan.policy is None
             else scripted_policy(plan.policy, shard.env)
         )
+        self.trajectories = Trajectories(shard.env) if plan.trajectories else None
+        if self.trajectories is not None and not self.by_index:
+            raise ValueError(f"{shard.env_id}: recording episodes needs an env that resets single rows")
 
     def episode(self, row: int) -> int:
         """The index j of ``row``'s running episode."""
@@ -463,6 +491,8 @@ class EvalEnding(Ending):
             keys = [derive_seed(self.plan.seed, EVAL_ACTION_NOISE, j) for j in episodes]
             self.noise_key[rows] = torch.tensor(keys, dtype=torch.int64)
         self.episode_step[rows] = 0
+        if self.trajectories is not None:
+            self.trajectories.restart(rows)
         if self.shard.memory is not None:
             self.shard.memory.restart(torch.tensor(rows, dtype=torch.int64))
         if not self.by_index:
@@ -482,8 +512,15 @@ class EvalEnding(Ending):
             stop_after is not None and len(self.results) >= stop_after
         )
 
+    def observe(self, t: int, obs: Obs) -> None:
+        if self.trajectories is not None:
+            self.trajectories.observe(obs)
+
     def act(self, t: int, obs: Obs) -> torch.Tensor:
-        return self.policy.act(obs, (self.noise_key, self.episode_step))
+        actions = self.policy.act(obs, (self.noise_key, self.episode_step))
+        if self.trajectories is not None:
+            self.trajectories.act(actions)
+        return actions
 
     @property
     def env_action(self) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -491,6 +528,8 @@ class EvalEnding(Ending):
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         self.episode_step += 1 if step.valid is None else step.valid  # an env's own reset transition is none
+        if self.trajectories is not None:
+            self.trajectories.record(step)
         playing = self.played < self.quota
         ended = torch.zeros_like(playing)
         ended[step.ended_rows()] = True  # whole episodes: a done whose episode goes on is not one
@@ -519,6 +558,8 @@ class EvalEnding(Ending):
         if bool(again.any()):
             obs = self.start(again.nonzero().squeeze(1).tolist())
             step.obs = step.obs if obs is None else obs
+        if self.trajectories is not None:
+            self.trajectories.forget(self.played < self.quota)
 
     def result(self) -> tuple[list[tuple[dict, dict]], int, Scoring]:
         """The counted ``(record, report)`` pairs, the episodes left out, and how to count them."""
@@ -537,4 +578,6 @@ class EvalEnding(Ending):
         }
         if "task" in report and self.shard.env.task_names:  # the env's tensors hold an index, the records a name
             record["task"] = self.shard.env.task_names[int(report["task"])]
+        if self.trajectories is not None:
+            record["trajectory"] = self.trajectories.take(row, step)
         return record, report

@@ -25,6 +25,7 @@ from raysim.envs.messages import captured
 from raysim.models import Actor, MLPInference, ModelConfig, RowMemory, sample_categorical
 from raysim.rollout.arrays import ArrayDict
 from raysim.rollout.chunk import RolloutChunk
+from raysim.rollout.dynamic_sampling import sample_groups
 from raysim.rollout.endings import (
     ChunkEnding,
     Collection,
@@ -113,15 +114,21 @@ class EnvShard:
         return chunk, {"shard": self.shard_index, "env_steps": chunk.env_steps}, self.get_state()
 
     def rollout(self, weights: dict, plan: Collection | int) -> RolloutChunk:
-        """Act with ``weights`` as ``plan`` says (an int: ``FixedSteps`` of that many steps); the chunk."""
+        """Act with ``weights`` as ``plan`` says (an int: ``FixedSteps`` of that many steps); the chunk. A
+        ``GroupEpisodes`` plan with ``keep_groups`` plays rounds until it holds them (``dynamic_sampling``)."""
         self.set_weights(weights)
         plan = FixedSteps(plan) if isinstance(plan, int) else plan
         if isinstance(plan, FixedSteps):
-            ending: ChunkEnding | GroupEnding = ChunkEnding(self, plan)
-        elif isinstance(plan, GroupEpisodes):
-            ending = GroupEnding(self, plan)
-        else:
+            return self._play(ChunkEnding(self, plan))
+        if not isinstance(plan, GroupEpisodes):
             raise TypeError(f"rollout: a FixedSteps or GroupEpisodes plan, got {plan!r}")
+        if plan.keep_groups is None:
+            return self._play(GroupEnding(self, plan))
+        return sample_groups(lambda: self._play(GroupEnding(self, plan)), plan)
+
+    def _play(self, ending: ChunkEnding | GroupEnding) -> RolloutChunk:
+        """One acting run of a training ``ending``: its chunk, checked for non-finite values if it was not checked
+        at each step."""
         steps, obs = self.act(ending)
         chunk = ending.result(steps, obs)
         if not ending.checks_each_step:

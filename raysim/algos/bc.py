@@ -1,0 +1,146 @@
+"""Behaviour cloning, read top to bottom: config, loss, the algorithm that trains on a dataset.
+
+BC is an algorithm on the learner like PPO and GRPO (same interface, same checkpoints), so it runs where
+the learner runs (a GPU when there is one), but it has no training shards (``collection`` is None): the
+driver reads the dataset of demonstrations once (``raysim.demos``) and hands it to every learner rank
+through the object store; each rank trains on its share (``Demonstrations.split``). The budget is in
+gradient steps (``algo.updates``); one iteration is ``num_minibatches`` of them, so evaluation,
+metrics rows and checkpoints come every iteration as in any run.
+
+The observation normalizer (``model.obs_norm``) is fitted once, from every step of the dataset, before
+the first update, and then stays fixed. The default loss on continuous actions is the squared error of
+the Gaussian's mean (a likelihood would shrink the log-std without bound on a deterministic expert);
+``loss: nll`` trains the log-std too. Discrete actions: cross-entropy on the logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from raysim.algos.base import Algorithm, Collectives
+from raysim.algos.epochs import Batch, run_epochs, select
+from raysim.algos.guard import GuardedStep
+from raysim.models import ActorCritic
+from raysim.models.normalizer import moments
+from raysim.rollout import RolloutChunk
+from raysim.schema import setting
+
+
+@dataclass
+class BCConfig:
+    """Behaviour-cloning hyperparameters."""
+
+    name: str = setting("bc", help="the algorithm")
+    dataset: str = setting(
+        "", help="a Minari dataset id (under MINARI_DATASETS_PATH) or a dataset directory (raysim demos record)"
+    )
+    updates: int = setting(4000, help="gradient steps in all: the run's budget (train.total_steps is not read)", low=1)
+    batch_size: int = setting(256, help="samples per gradient step", low=1)
+    loss: str = setting(
+        "mse",
+        help="continuous actions: squared error of the mean, or the Gaussian's negative log-likelihood "
+        "(discrete actions: cross-entropy either way)",
+        choices=("mse", "nll"),
+    )
+    lr: float = setting(1e-3, help="Adam's learning rate", low=0, open_low=True)
+    lr_schedule: str = setting(
+        "constant", help="the learning rate's schedule (BC has no env steps)", choices=("constant",)
+    )
+    update_epochs: int = setting(1, help="passes over each iteration's minibatches", low=1)
+    num_minibatches: int = setting(100, help="gradient steps per iteration (one metrics row, one evaluation)", low=1)
+    max_grad_norm: float = setting(10.0, help="global gradient-norm clip", low=0, open_low=True)
+    max_nonfinite_updates: int = setting(3, help="consecutive skipped minibatches before training stops", low=1)
+    max_policy_lag: int = setting(0, help="not used: BC collects nothing", low=0, high=0)
+
+
+def bc_loss(model: ActorCritic, batch: Batch, config: BCConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The behaviour-cloning loss of one minibatch and its metrics."""
+    actor = model.actor
+    out = actor(batch["obs"])
+    if actor.discrete:
+        loss = torch.nn.functional.cross_entropy(out, batch["actions"].long())
+        accuracy = (out.argmax(-1) == batch["actions"]).float().mean()
+        return loss, {"bc_loss": loss, "accuracy": accuracy.detach()}
+    error = (out - batch["actions"]).square().mean()
+    if config.loss == "nll":
+        loss = -actor.log_prob_entropy_of(out, batch["actions"])[0].mean()
+    else:
+        loss = error
+    return loss, {"bc_loss": loss, "action_mse": error.detach()}
+
+
+class BC(Algorithm):
+    """Behaviour cloning on this rank's share of a dataset; no shards, no critic."""
+
+    name = "bc"
+    Config = BCConfig
+    uses_critic = False
+    loss_terms = ("bc_loss",)
+
+    def __init__(self, config: BCConfig, model: ActorCritic, ranks: Collectives):
+        super().__init__(config, model, ranks)
+        self.demos = None  # this rank's share of the dataset (``attach``)
+        self.order = torch.zeros(0, dtype=torch.int64)  # the current pass over the share, and where it stands
+        self.position = 0
+
+    @classmethod
+    def collection(cls, config: BCConfig) -> None:
+        return None
+
+    @classmethod
+    def planned_iterations(cls, config: BCConfig) -> int:
+        return max(1, math.ceil(config.updates / config.num_minibatches))
+
+    @classmethod
+    def check(cls, config: BCConfig, num_envs: int) -> None:
+        if not config.dataset:
+            raise ValueError("algo.dataset must name a dataset of demonstrations (raysim demos record makes one)")
+
+    def attach(self, demonstrations: Any) -> None:
+        """Fit the observation normalizers on the whole dataset (the same on every rank), keep this rank's share."""
+        for network in (self.model.actor, self.model.critic):
+            if network is not None and network.obs_norm is not None:
+                features = network.vector_input({g: demonstrations.obs[g] for g in network.vector_groups})
+                network.obs_norm.merge(moments(features.to(network.obs_norm.mean.device)))
+        self.demos = demonstrations.split(self.ranks.rank, self.ranks.world_size)
+
+    def sample(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """``size`` step indices of this rank's share, passes over it in shuffled order (sampling without
+        replacement within a pass)."""
+        taken = []
+        while size > 0:
+            if self.position >= self.order.numel():
+                self.order, self.position = torch.randperm(self.demos.steps, generator=generator), 0
+            part = self.order[self.position : self.position + size]
+            self.position += part.numel()
+            size -= part.numel()
+            taken.append(part)
+        return torch.cat(taken)
+
+    def update(
+        self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        """One iteration: ``num_minibatches x batch_size`` samples of the share, ``update_epochs`` passes over them."""
+        if chunks:
+            raise ValueError("algo 'bc' trains on its dataset, not on rollout chunks")
+        if self.demos is None:
+            raise ValueError("algo 'bc' was given no dataset (Learner(demonstrations=...))")
+        index = self.sample(self.config.num_minibatches * self.config.batch_size, generator)
+        batch = select({"obs": self.demos.obs, "actions": self.demos.actions}, index)
+        device = self.ranks.device
+        batch = {"obs": {g: v.to(device) for g, v in batch["obs"].items()}, "actions": batch["actions"].to(device)}
+        return run_epochs(self.loss, self.loss_terms, step, batch, self.config, generator)
+
+    def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return bc_loss(self.model, minibatch, self.config)
+
+    def state_dict(self) -> dict:
+        return {"bc_order": self.order.clone(), "bc_position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "bc_order" in state:
+            self.order, self.position = torch.as_tensor(state["bc_order"]), int(state["bc_position"])

@@ -1,0 +1,51 @@
+"""Starting a new model from another run's weights (``model.init_from``): the actor whole, the critic where it fits.
+
+The driver reads the other run's checkpoint and checks it (``mismatched_actor``); the learner loads it into
+its freshly built model before the algorithm is constructed (``load_pretrained``), so anything the algorithm
+copies at construction (a KL reference) is the pretrained actor. The observation statistics
+(``obs_norm``) come with the weights; the Gaussian's log-std starts again from ``model.init_log_std``, so
+fine-tuning explores as the config says rather than as narrowly as cloning left it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raysim.models.networks import ActorCritic, actor_state
+
+
+def mismatched_actor(model: ActorCritic, saved: dict[str, torch.Tensor]) -> list[str]:
+    """The actor's tensors that ``saved`` (an ``ActorCritic`` state_dict) lacks or holds in another shape, each
+    as ``name [saved shape] vs [this model's]``."""
+    problems = []
+    for name, tensor in model.state_dict().items():
+        if not name.startswith("actor."):
+            continue
+        have = saved.get(name)
+        if have is None:
+            problems.append(f"{name} missing vs {list(tensor.shape)}")
+        elif tuple(have.shape) != tuple(tensor.shape):
+            problems.append(f"{name} {list(have.shape)} vs {list(tensor.shape)}")
+    return problems
+
+
+def critic_part(model: ActorCritic, saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The critic's tensors of ``saved`` that fit ``model``'s critic (same names and shapes)."""
+    own = model.state_dict()
+    return {
+        k: v for k, v in saved.items() if k.startswith("critic.") and k in own and tuple(own[k].shape) == tuple(v.shape)
+    }
+
+
+def load_pretrained(model: ActorCritic, saved: dict[str, torch.Tensor], init_log_std: float) -> None:
+    """``saved``'s actor into ``model`` (it must fit: ``mismatched_actor``), its critic where every tensor fits,
+    the log-std reset to ``init_log_std``."""
+    model.actor.load_state_dict(actor_state(saved))
+    if model.critic is not None:
+        critic = critic_part(model, saved)
+        own = [k for k in model.state_dict() if k.startswith("critic.")]
+        if critic and len(critic) == len(own):
+            model.critic.load_state_dict({k[len("critic.") :]: v for k, v in critic.items()})
+    if not model.actor.discrete:
+        with torch.no_grad():
+            model.actor.log_std.fill_(float(init_log_std))
