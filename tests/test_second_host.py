@@ -72,6 +72,17 @@ def test_two_learner_ranks_one_on_each_host_meet_and_train(cluster):
     assert len(set(outcome["learner_nodes"])) == 2 and outcome["iterations"] == 2
 
 
+@pytest.mark.slow
+def test_bc_on_a_host_without_the_dataset_trains_on_what_the_driver_read_and_handed_over(cluster):
+    pytest.importorskip("minari")
+    head, runs = cluster
+    outcome = driver("bc", head, runs / "bc")
+    hostb = [node for node, resources in outcome["nodes"].items() if resources]
+    assert outcome["learner_nodes"] == hostb  # the learner ran where the dataset cannot be seen
+    assert outcome["sees"]["hostb"] == [] and outcome["sees"]["driver"] == ["raysim"]  # datasets/raysim/...
+    assert outcome["iterations"] == 2 and outcome["eval_completed"] == 4
+
+
 def test_a_rank_advertises_its_ray_nodes_ip_never_a_loopback_address_and_holds_its_port(ray_session):
     from raysim.learner.ranks import RankGroup
 

@@ -175,12 +175,40 @@ def run_ranks(run_dir: str) -> dict:
     return {"learner_nodes": placement.learner, "iterations": summary.iterations}
 
 
+def run_bc(run_dir: str) -> dict:
+    """Behaviour cloning with its learner and evaluation shards on the second host, and the dataset of
+    demonstrations where only the driver sees it: the driver reads it and hands it over the object store."""
+    import raysim
+    from raysim.coordinator import Trainer
+    from raysim.coordinator.demonstrations import record_demonstrations
+
+    datasets = Path(run_dir).parent / "datasets"
+    os.environ["MINARI_DATASETS_PATH"] = str(datasets)
+    record_demonstrations("raysim/cartpole-random-v0", 4, config="cartpole_ppo", policy="random", backend="local")
+    bc = "{name: bc, dataset: raysim/cartpole-random-v0, updates: 40, num_minibatches: 20, batch_size: 16}"
+    overrides = ["backend=ray", f"algo={bc}", "learner.resources={hostb: 1}", "learner.num_cpus=1"]
+    overrides += ["shards.resources={hostb: 1}", "shards.num_cpus=0.5", "eval.episodes=4", "eval.num_envs=2"]
+    trainer = Trainer(raysim.load_config(None, [*overrides, "train.sinks=[parquet]", f"run_dir={run_dir}"]))
+    placement = Placement(trainer)
+    trainer.sinks = [placement]
+    summary = trainer.train()
+    return {
+        "learner_nodes": placement.learner,
+        "iterations": summary.iterations,
+        "eval_completed": summary.evaluation.completed,
+        "sees": sees(str(datasets / "raysim")),  # what each host finds in the datasets folder
+    }
+
+
+MODES = {"learner": run_learner, "ranks": run_ranks, "bc": run_bc}
+
+
 def main(mode: str, address: str, run_dir: str) -> None:
     import ray
 
     ray.init(address=address)
     wait_for_node(ray, "hostb")
-    outcome = run_learner(run_dir) if mode == "learner" else run_ranks(run_dir)
+    outcome = MODES[mode](run_dir)
     outcome["nodes"] = {
         n["NodeID"]: sorted(k for k in n["Resources"] if k == "hostb") for n in ray.nodes() if n["Alive"]
     }
