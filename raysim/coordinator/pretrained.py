@@ -16,7 +16,7 @@ from raysim.checkpoint import CheckpointError, locate_checkpoint
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.models import ActorCritic
-from raysim.models.pretrained import critic_part, mismatched_actor
+from raysim.models.pretrained import fitting_critic, mismatched_actor
 
 
 def read_pretrained(config: Config, spaces: tuple[Any, Any], identity: str) -> dict[str, torch.Tensor] | None:
@@ -42,9 +42,7 @@ def read_pretrained(config: Config, spaces: tuple[Any, Any], identity: str) -> d
     where = f"raysim: model.init_from: starting from {source} (checkpoint {checkpoint.name})"
     if meta.get("identity") not in (None, identity):
         where += "; it was trained on another env identity than this run's (allowed: fine-tuning on a new task)"
-    if model.critic is not None:
-        own = [k for k in model.state_dict() if k.startswith("critic.")]
-        if len(critic_part(model, saved)) != len(own):
-            where += "; its critic does not fit (or it has none): the critic starts new"
+    if model.critic is not None and fitting_critic(model, saved) is None:
+        where += "; its critic does not fit (or it has none): the critic starts new"
     print(where, flush=True)
     return saved

@@ -29,23 +29,22 @@ def mismatched_actor(model: ActorCritic, saved: dict[str, torch.Tensor]) -> list
     return problems
 
 
-def critic_part(model: ActorCritic, saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The critic's tensors of ``saved`` that fit ``model``'s critic (same names and shapes)."""
-    own = model.state_dict()
-    return {
-        k: v for k, v in saved.items() if k.startswith("critic.") and k in own and tuple(own[k].shape) == tuple(v.shape)
-    }
+def fitting_critic(model: ActorCritic, saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """``saved``'s critic (its own keys) when every tensor of ``model``'s critic is there in the same shape; None
+    otherwise (no critic on either side, or another one: the critic then starts new)."""
+    own = {k: v for k, v in model.state_dict().items() if k.startswith("critic.")}
+    if not own or any(k not in saved or tuple(saved[k].shape) != tuple(v.shape) for k, v in own.items()):
+        return None
+    return {k[len("critic.") :]: saved[k] for k in own}
 
 
 def load_pretrained(model: ActorCritic, saved: dict[str, torch.Tensor], init_log_std: float) -> None:
-    """``saved``'s actor into ``model`` (it must fit: ``mismatched_actor``), its critic where every tensor fits,
-    the log-std reset to ``init_log_std``."""
+    """``saved``'s actor into ``model`` (it must fit: ``mismatched_actor``), its critic where every tensor fits
+    (``fitting_critic``), the log-std reset to ``init_log_std``."""
     model.actor.load_state_dict(actor_state(saved))
-    if model.critic is not None:
-        critic = critic_part(model, saved)
-        own = [k for k in model.state_dict() if k.startswith("critic.")]
-        if critic and len(critic) == len(own):
-            model.critic.load_state_dict({k[len("critic.") :]: v for k, v in critic.items()})
+    critic = fitting_critic(model, saved)
+    if critic is not None:
+        model.critic.load_state_dict(critic)
     if not model.actor.discrete:
         with torch.no_grad():
             model.actor.log_std.fill_(float(init_log_std))
