@@ -97,6 +97,28 @@ class ShardsConfig:
         high=1,
         open_low=True,
     )
+    placement: str = setting(
+        "collocated",
+        help="collocated: each shard acts with its own copy of the actor; servers: shards keep the envs and ask "
+        "policy servers (servers.*) for the actions",
+        choices=("collocated", "servers"),
+    )
+
+
+@dataclass
+class ServersConfig:
+    """Policy servers (shards.placement: servers): the actor's weights in one place, acting for many shards."""
+
+    count: int = setting(1, help="policy servers; shard i asks server i mod count", low=1)
+    num_cpus: float = setting(1.0, help="CPUs each server asks Ray for", low=0)
+    num_gpus: float = setting(0.0, help="GPUs each server asks Ray for", low=0)
+    device: str = setting(
+        "cpu", help="cpu, cuda, cuda:<index>, or auto (a GPU when Ray gives one)", check=device_problem
+    )
+    resources: dict = setting(
+        factory=dict, help="custom Ray resources per server, e.g. {server: 1}", check=resources_problem
+    )
+    max_restarts: int = setting(10, help="servers replaced after their process died, over the run", low=0)
 
 
 @dataclass
@@ -180,6 +202,7 @@ class Config:
     seed: int = setting(1, help="seed of the weights, the shards' envs and the sampling", low=0)
     env: EnvConfig = field(default_factory=EnvConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
+    servers: ServersConfig = field(default_factory=ServersConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: Any = field(default_factory=PPOConfig)  # the Config dataclass of algo.name's algorithm (raysim.algos)
     learner: LearnerConfig = field(default_factory=LearnerConfig)

@@ -33,11 +33,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from raysim.actors import Backend, InputLost
+from raysim.actors import Backend, InputLost, cause, describe
 from raysim.config import Config, shards_awaited
 from raysim.coordinator.roles import Roles, create_shard, shard_request, start_shard
 from raysim.learner.inputs import ChunksLost
 from raysim.rollout import Collection, EnvShard
+from raysim.rollout.server import PolicyServer, ServerLost
 
 
 @dataclass(eq=False)
@@ -173,6 +174,7 @@ class Collector:
                 self.next_index + k,
                 generation=self.generation + 1 + k,
                 teacher=self.roles.teacher,
+                servers=self.roles.servers,
             )
             for k in range(add)
         ]
@@ -252,8 +254,12 @@ class Collector:
         return bool(self.backend.wait([launch.receipt], 1, 0))
 
     def _launch(self, i: int, launch: Launch) -> Launch:
-        """``launch`` (its weights and plan) queued on shard ``i``'s actor: a new ``Launch`` with its futures."""
-        futures = self.roles.shards[i].call_split(EnvShard.collect, launch.weights, launch.plan, returns=3)
+        """``launch`` (its weights and plan) queued on shard ``i``'s actor: a new ``Launch`` with its futures. With
+        policy servers the shard's server loads the weights first and the shard receives their key."""
+        servers, weights = self.roles.servers, launch.weights
+        if servers is not None:
+            weights = servers.handles[servers.of(i)].call(PolicyServer.load, weights)
+        futures = self.roles.shards[i].call_split(EnvShard.collect, weights, launch.plan, returns=3)
         return Launch(launch.weights, launch.version, launch.plan, *futures)
 
     def _await_target(self, i: int) -> None:
@@ -271,11 +277,28 @@ class Collector:
             self.backend.get(lane.queue[position].receipt)
             return True
         except Exception as error:
+            if isinstance(cause(error), ServerLost):
+                self._server_lost(i, error)
+                return False
             if not self.backend.is_actor_failure(error):
                 self.backend.discard(lane.futures())
                 raise
             self._recover(i, error)
             return False
+
+    def _server_lost(self, i: int, error: Exception) -> None:
+        """Shard ``i``'s policy server died while it collected: a new server in its place (unless another shard's
+        loss replaced it already), its shards told, and shard ``i``'s collections queued again with their weights
+        (the shard dropped the chunk in flight and started fresh episodes: ``EnvShard.collect``)."""
+        servers, lane = self.roles.servers, self.lanes[i]
+        j = servers.of(i)
+        self.backend.discard(lane.futures())
+        if not self.backend.alive(servers.handles[j], PolicyServer.held):
+            servers.replace(j, describe(error))
+            mine = [k for k in range(len(self.roles.shards)) if servers.of(k) == j]
+            self.backend.get([self.roles.shards[k].call(EnvShard.use_server, servers.caller(k)) for k in mine])
+        kept = [launch for launch in lane.queue if self._within_bound(launch)]
+        lane.queue = deque(self._launch(i, launch) for launch in kept)
 
     def _recover(self, i: int, error: Exception, why: str = "died during its rollout") -> None:
         """Shard ``i`` is gone (``why``): a replacement queues its chunks within the bound again, each with the
@@ -311,7 +334,9 @@ class Collector:
             flush=True,
         )
         self.generation += 1
-        replacement = start_shard(self.backend, config, i, generation=self.generation, teacher=self.roles.teacher)
+        replacement = start_shard(
+            self.backend, config, i, generation=self.generation, teacher=self.roles.teacher, servers=self.roles.servers
+        )
         self.roles.replace_shard(i, replacement)
         lane.state = self.roles.shards[i].call(EnvShard.get_state)  # before its first chunk
         kept = [launch for launch in lane.queue if self._within_bound(launch)]

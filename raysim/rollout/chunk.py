@@ -38,6 +38,10 @@ class RolloutChunk:
     # a recurrent actor's (model.recurrent), so the learner replays the rows' sequences; None otherwise:
     state0: torch.Tensor | None = None  # [N, S] each row's state before obs[0] (zeroed where starts[0])
     starts: torch.Tensor | None = None  # [T+1, N] bool, obs[t] starts an episode of the row: its state is zeroed first
+    # the core's output at each observation as the acting shard computed it, and the state of each final_obs's row
+    # after its episode's last observation: the learner's values read them instead of replaying (``sequence_values``)
+    memory: torch.Tensor | None = None  # [T+1, N, size]
+    final_state: torch.Tensor | None = None  # [K, S]
     # GRPO's dynamic sampling (``raysim.rollout.dynamic_sampling``; all 0 without it): the groups played for this
     # chunk, those left out of it, the uninformative ones kept because the rounds ran out, and the valid transitions
     # of those left out (their episodes are in ``episodes``, with ``row`` -1)
