@@ -52,6 +52,7 @@ class Launch:
     chunk: Any = None
     receipt: Any = None
     state: Any = None  # the shard's state right after this chunk
+    key: Any = None  # policy servers: the key of the weights its shard's server loaded for it (a future)
 
 
 @dataclass(eq=False)
@@ -256,11 +257,11 @@ class Collector:
     def _launch(self, i: int, launch: Launch) -> Launch:
         """``launch`` (its weights and plan) queued on shard ``i``'s actor: a new ``Launch`` with its futures. With
         policy servers the shard's server loads the weights first and the shard receives their key."""
-        servers, weights = self.roles.servers, launch.weights
+        servers, key, weights = self.roles.servers, None, launch.weights
         if servers is not None:
-            weights = servers.handles[servers.of(i)].call(PolicyServer.load, weights)
+            key = weights = servers.handles[servers.of(i)].call(PolicyServer.load, weights)
         futures = self.roles.shards[i].call_split(EnvShard.collect, weights, launch.plan, returns=3)
-        return Launch(launch.weights, launch.version, launch.plan, *futures)
+        return Launch(launch.weights, launch.version, launch.plan, *futures, key)
 
     def _await_target(self, i: int) -> None:
         """Wait until shard ``i``'s chunk to train on arrived, from a replacement when the shard dies (as often as
@@ -283,20 +284,32 @@ class Collector:
             if not self.backend.is_actor_failure(error):
                 self.backend.discard(lane.futures())
                 raise
+            if self._key_lost(lane.queue[position]):  # the shard never began: its server died before loading
+                self._server_lost(i, error)
+                return False
             self._recover(i, error)
             return False
 
+    def _key_lost(self, launch: Launch) -> bool:
+        """Whether ``launch``'s policy server died before it loaded the weights (then its shard could not begin)."""
+        if launch.key is None:
+            return False
+        try:
+            self.backend.get(launch.key)
+            return False
+        except Exception as error:
+            if self.backend.is_actor_failure(error):
+                return True
+            raise
+
     def _server_lost(self, i: int, error: Exception) -> None:
-        """Shard ``i``'s policy server died while it collected: a new server in its place (unless another shard's
-        loss replaced it already), its shards told, and shard ``i``'s collections queued again with their weights
-        (the shard dropped the chunk in flight and started fresh episodes: ``EnvShard.collect``)."""
-        servers, lane = self.roles.servers, self.lanes[i]
-        j = servers.of(i)
+        """Shard ``i``'s policy server died while it collected (or before, its key never came): a new server in its
+        place (unless another shard's loss replaced it already), its shards told (evaluation shards too), and shard
+        ``i``'s collections queued again with their weights (a shard that was collecting dropped the chunk in flight
+        and started fresh episodes: ``EnvShard.collect``)."""
+        lane = self.lanes[i]
         self.backend.discard(lane.futures())
-        if not self.backend.alive(servers.handles[j], PolicyServer.held):
-            servers.replace(j, describe(error))
-            mine = [k for k in range(len(self.roles.shards)) if servers.of(k) == j]
-            self.backend.get([self.roles.shards[k].call(EnvShard.use_server, servers.caller(k)) for k in mine])
+        self.roles.servers.recover([self.roles.shards, self.roles.eval_shards], describe(error))
         kept = [launch for launch in lane.queue if self._within_bound(launch)]
         lane.queue = deque(self._launch(i, launch) for launch in kept)
 

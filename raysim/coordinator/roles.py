@@ -166,6 +166,8 @@ def create_roles(
     learner = None
     try:
         learner = create_learner(backend, config, spaces, horizon, starts)
+        if servers is not None:
+            servers.wait_started()
         started = backend.wait_started(
             shards,
             EnvShard.spaces,
