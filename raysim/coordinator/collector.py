@@ -108,6 +108,7 @@ class Collector:
         self.next_index = config.shards.count  # elastic: the index (and seed) of the next new shard
         self.version = 0  # the learner's version at the batch being formed
         self.lanes = [Lane(deque()) for _ in roles.shards]  # lanes[i]: roles.shards[i]'s
+        self._served: tuple[Any, dict] = (None, {})  # policy servers: the newest weights, each server's key of them
 
     @property
     def states(self) -> list[Any]:
@@ -259,7 +260,7 @@ class Collector:
         policy servers the shard's server loads the weights first and the shard receives their key."""
         servers, key, weights = self.roles.servers, None, launch.weights
         if servers is not None:
-            key = weights = servers.handles[servers.of(i)].call(PolicyServer.load, weights)
+            key = weights = self._key(servers.of(i), weights)
         futures = self.roles.shards[i].call_split(EnvShard.collect, weights, launch.plan, returns=3)
         return Launch(launch.weights, launch.version, launch.plan, *futures, key)
 
@@ -289,6 +290,17 @@ class Collector:
                 return False
             self._recover(i, error)
             return False
+
+    def _key(self, server: int, weights: Any) -> Any:
+        """The key of ``weights`` on policy server ``server`` (a future): loaded once per server and version, the
+        shards of the server share it (a server's replacement loads them again)."""
+        handle = self.roles.servers.handles[server]
+        if self._served[0] is not weights:
+            self._served = (weights, {})
+        keys = self._served[1]
+        if server not in keys or keys[server][0] is not handle:
+            keys[server] = (handle, handle.call(PolicyServer.load, weights))
+        return keys[server][1]
 
     def _key_lost(self, launch: Launch) -> bool:
         """Whether ``launch``'s policy server died before it loaded the weights (then its shard could not begin)."""

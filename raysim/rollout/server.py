@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -106,15 +107,19 @@ class PolicyServer:
         self.versions: OrderedDict[WeightsKey, Acting] = OrderedDict()
 
     def load(self, weights: dict[str, Any]) -> WeightsKey:
-        """Hold ``weights`` (``Learner.get_weights``) unless held already; the oldest beyond ``keep`` are dropped.
+        """Hold ``weights`` (``Learner.get_weights``) unless held already, in place of the oldest once ``keep`` are
+        held (its actor takes them: building and initializing a large network costs seconds, loading milliseconds).
         Returns their key, which the workers' requests name."""
         key = (weights.get("timeline"), int(weights["version"]))
         if key not in self.versions:
-            actor = Actor(self.spaces, self.action_space, self.model)
+            if len(self.versions) >= self.keep:
+                actor = self.versions.popitem(last=False)[1].actor
+            elif self.versions:
+                actor = copy.deepcopy(next(reversed(self.versions.values())).actor)
+            else:
+                actor = Actor(self.spaces, self.action_space, self.model).to(self.device).requires_grad_(False)
             actor.load_state_dict(weights["actor"])
-            self.versions[key] = Acting(actor.to(self.device).requires_grad_(False))
-            while len(self.versions) > self.keep:
-                self.versions.popitem(last=False)
+            self.versions[key] = Acting(actor)
         return key
 
     def held(self) -> list[WeightsKey]:
@@ -217,9 +222,10 @@ class BatchingServer:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         self.serving: asyncio.Task | None = None
 
-    def load(self, weights: dict[str, Any]) -> WeightsKey:
-        """``PolicyServer.load`` (the coordinator's, once per version)."""
-        return self.server.load(weights)
+    async def load(self, weights: dict[str, Any]) -> WeightsKey:
+        """``PolicyServer.load`` (the coordinator's, once per version), in the serving thread: never beside a batch
+        that reads the actor it may take over."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.server.load, weights)
 
     def held(self) -> list[WeightsKey]:
         return self.server.held()
