@@ -56,7 +56,8 @@ def teacher_meta(config: Config, teacher: TeacherWeights, saved: dict[str, Any] 
     if isinstance(before, dict) and before.get("key") not in (None, teacher["key"]):
         raise ConfigError(
             f"algo.teacher {teacher['source']} is not the teacher this run was trained with (its checkpoints name "
-            f"another hash, and the run's copy {TEACHER_COPY} is missing): start a new run to distil from it"
+            f"another hash; the run's copy {TEACHER_COPY} is missing or was replaced): start a new run to distil "
+            "from it"
         )
     return meta
 
