@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from raysim.bench.results import read_results, run_key, run_name
+from raysim.bench.results import read_results, run_key, run_name, seeded_rows_parser
 from raysim.evaluation import wilson
 
 TEACHER_CONFIG, STUDENT_CONFIG, SCRATCH_CONFIG = "reach_ppo", "reach_camera_distill", "reach_camera_ppo"
@@ -124,16 +124,10 @@ def verdict(by_row: dict, seeds: list[int]) -> str:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="raysim bench distill", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser = seeded_rows_parser("raysim bench distill", __doc__.split("\n\n")[0], ROWS)
     parser.add_argument(
         "--steps", type=int, default=STUDENT_STEPS, help="env steps of the student (default 299,008: 146 iterations)"
     )
-    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), help="the rows to run (default: all)")
-    parser.add_argument("--eval-episodes", type=int, default=None, help="evaluation episodes (default: the configs')")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="results folder")
-    parser.add_argument("--address", default=None, help="Ray address of the runs (default: an embedded Ray per run)")
-    parser.add_argument("--table", action="store_true", help="train nothing: print the table of the results")
     return parser.parse_args(argv)
 
 
