@@ -34,7 +34,17 @@ from raysim.storage import RunStorage
 
 Record = dict[str, float]
 
-CONSOLE_KEYS = ("episode_return", "pg_loss", "v_loss", "bc_loss", "kl", "entropy", "approx_kl", "groups_dropped")
+CONSOLE_KEYS = (
+    "episode_return",
+    "pg_loss",
+    "v_loss",
+    "bc_loss",
+    "distill_loss",
+    "kl",
+    "entropy",
+    "approx_kl",
+    "groups_dropped",
+)
 #: Said once, on its own line, the first time a record has the metric above zero: a condition to know of, not to
 #: repeat on every line.
 CONSOLE_NOTES = {

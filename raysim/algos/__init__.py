@@ -12,11 +12,12 @@ import importlib
 
 from raysim.algos.base import Algorithm
 from raysim.algos.bc import BC, BCConfig
+from raysim.algos.distill import Distill, DistillConfig
 from raysim.algos.grpo import GRPO, GRPOConfig
 from raysim.algos.optimizer import OptimizerConfig, missing_settings
 from raysim.algos.ppo import PPO, PPOConfig
 
-_REGISTRY: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO, "bc": BC}
+_REGISTRY: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO, "bc": BC, "distill": Distill}
 
 
 def register(algorithm: type[Algorithm]) -> None:
@@ -50,6 +51,8 @@ def algorithm_class(name: str) -> type[Algorithm]:
 __all__ = [
     "BC",
     "BCConfig",
+    "Distill",
+    "DistillConfig",
     "GRPO",
     "PPO",
     "Algorithm",

@@ -55,6 +55,12 @@ class Algorithm:
         raise NotImplementedError
 
     @classmethod
+    def collection_at(cls, config: Any, env_steps: int) -> Collection | None:
+        """What the shards collect once the run consumed ``env_steps`` env steps: ``collection``, unless the plan
+        follows a schedule (distillation's teacher share)."""
+        return cls.collection(config)
+
+    @classmethod
     def planned_iterations(cls, config: Any) -> int | None:
         """The run's iterations when its budget is not in env steps (an algorithm without shards); None: it is
         ``train.total_steps``."""

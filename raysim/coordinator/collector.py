@@ -2,7 +2,7 @@
 
     collector = Collector(backend, config, roles, plan, ranks=2)
     collector.reset()                                  # the shards' states as they are; nothing in flight
-    collected = collector.collect(weights, version)    # futures: the driver reads receipts only
+    collected = collector.collect(weights, version, plan)  # futures: the driver reads receipts only
     learner.update(collected.parts, collected.stale_chunks)
     collected = collector.recollect(collected, lost)   # after ChunksLost: those chunks collected again
     collector.grow()                                   # elastic: shards for the room the cluster has now
@@ -47,6 +47,7 @@ class Launch:
 
     weights: Any
     version: int
+    plan: Collection
     chunk: Any = None
     receipt: Any = None
     state: Any = None  # the shard's state right after this chunk
@@ -111,16 +112,18 @@ class Collector:
         """Each shard's state after its last chunk taken (futures), in shard order."""
         return [lane.state for lane in self.lanes]
 
-    def collect(self, weights: Any, version: int) -> Collected:
+    def collect(self, weights: Any, version: int, plan: Collection | None = None) -> Collected:
         """The next batch (the module's invariant) at learner ``version``: stale chunks that arrived are reported
-        (``wait_fraction`` below 1), every queue is topped up with collections acting with ``weights``, then
-        the chunks to train on are awaited and taken. A shard that dies meanwhile is replaced or removed."""
+        (``wait_fraction`` below 1), every queue is topped up with collections acting with ``weights`` as ``plan``
+        says (default: the collector's), then the chunks to train on are awaited and taken. A shard that dies
+        meanwhile is replaced or removed."""
         self.version = version
+        plan = self.plan if plan is None else plan
         trained: list[list[tuple[Lane, Launch]]] = [[] for _ in range(self.ranks)]
         stale: list[list[Any]] = [[] for _ in range(self.ranks)]
         if self.wait_fraction < 1:
             self._take_arrived_stale(stale)
-        self._top_up(weights, version)
+        self._top_up(weights, version, plan)
         for i in self._wait_all() if self.wait_fraction >= 1 else self._wait_first():
             rank, lane = i % self.ranks, self.lanes[i]
             for _ in range(self._target(lane)):  # queued before the chunk to train on: stale, and arrived
@@ -164,7 +167,13 @@ class Collector:
         config = self.config
         add = min(self.backend.room_for(shard_request(config)), config.shards.max - len(self.lanes))
         new = [
-            create_shard(self.backend, config, self.next_index + k, generation=self.generation + 1 + k)
+            create_shard(
+                self.backend,
+                config,
+                self.next_index + k,
+                generation=self.generation + 1 + k,
+                teacher=self.roles.teacher,
+            )
             for k in range(add)
         ]
         if not new:
@@ -185,11 +194,11 @@ class Collector:
                 if self._arrived(i, 0):  # else the shard died: a replacement queues only chunks within the bound
                     stale[i % self.ranks].append(lane.take().chunk)
 
-    def _top_up(self, weights: Any, version: int) -> None:
-        """Queue collections acting with ``weights`` (``version``) until every shard has ``L + 1``."""
+    def _top_up(self, weights: Any, version: int, plan: Collection) -> None:
+        """Queue collections acting with ``weights`` (``version``) as ``plan`` says until every shard has ``L + 1``."""
         for i, lane in enumerate(self.lanes):
             while not lane.removed and len(lane.queue) <= self.lag:
-                lane.queue.append(self._launch(i, weights, version))
+                lane.queue.append(self._launch(i, Launch(weights, version, plan)))
 
     def _wait_all(self) -> list[int]:
         """Every shard, in order, once its chunk to train on arrived."""
@@ -224,7 +233,7 @@ class Collector:
         None when the shard is removed instead (elastic, no room)."""
         i = self.lanes.index(lane)
         self.backend.kill(self.roles.shards[i])  # what it collected is gone with its node
-        lane.queue.appendleft(Launch(launch.weights, launch.version))
+        lane.queue.appendleft(Launch(launch.weights, launch.version, launch.plan))
         self._recover(i, error, "lost its chunk with its node before the learner read it")
         self._await_target(i)  # the chunk again: the oldest within the bound
         return None if lane.removed else lane.take()
@@ -242,10 +251,10 @@ class Collector:
         """Whether ``launch``'s receipt is ready now (arrived, or failed), without waiting."""
         return bool(self.backend.wait([launch.receipt], 1, 0))
 
-    def _launch(self, i: int, weights: Any, version: int) -> Launch:
-        """A collection on shard ``i`` acting with ``weights`` (``version``), queued on the shard's actor."""
-        futures = self.roles.shards[i].call_split(EnvShard.collect, weights, self.plan, returns=3)
-        return Launch(weights, version, *futures)
+    def _launch(self, i: int, launch: Launch) -> Launch:
+        """``launch`` (its weights and plan) queued on shard ``i``'s actor: a new ``Launch`` with its futures."""
+        futures = self.roles.shards[i].call_split(EnvShard.collect, launch.weights, launch.plan, returns=3)
+        return Launch(launch.weights, launch.version, launch.plan, *futures)
 
     def _await_target(self, i: int) -> None:
         """Wait until shard ``i``'s chunk to train on arrived, from a replacement when the shard dies (as often as
@@ -302,10 +311,11 @@ class Collector:
             flush=True,
         )
         self.generation += 1
-        self.roles.replace_shard(i, start_shard(self.backend, config, i, generation=self.generation))
+        replacement = start_shard(self.backend, config, i, generation=self.generation, teacher=self.roles.teacher)
+        self.roles.replace_shard(i, replacement)
         lane.state = self.roles.shards[i].call(EnvShard.get_state)  # before its first chunk
         kept = [launch for launch in lane.queue if self._within_bound(launch)]
-        lane.queue = deque(self._launch(i, launch.weights, launch.version) for launch in kept)
+        lane.queue = deque(self._launch(i, launch) for launch in kept)
 
     def _no_room_for_replacement(self) -> bool:
         """Elastic, above ``shards.count`` shards, and the cluster has no room for another shard now."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from raysim.actors import Backend, Handle
 from raysim.config import Config, training_shards
@@ -11,6 +12,7 @@ from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.registry import materialize
 from raysim.learner import LearnerGroup
 from raysim.rollout import EnvShard
+from raysim.rollout.arrays import ArrayDict
 from raysim.seeding import derive_seed
 
 
@@ -26,6 +28,7 @@ class Roles:
     spaces: tuple  # the env's observation spaces and action space, to build a learner again
     # what a learner starts from beside its config (object refs: ``create_learner``), to build one again
     starts: dict = field(default_factory=dict)
+    teacher: Any = None  # distillation's teacher for the training shards (an object ref: ``create_roles``), or None
 
     def replace_shard(self, index: int, shard: Handle) -> None:
         """Training shard ``index`` is ``shard`` from now on."""
@@ -45,11 +48,14 @@ def shard_request(config: Config) -> dict[str, float]:
     return {"CPU": config.shards.num_cpus, **config.shards.resources}
 
 
-def create_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:
+def create_shard(
+    backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0, teacher: Any = None
+) -> Handle:
     """Training shard ``index`` (or evaluation shard ``index``) of ``config``.
 
     ``generation`` counts the shards started after the run's first ones (replacements of shards that died,
-    elastic additions) over the run: such a shard plays new episodes. Evaluation
+    elastic additions) over the run: such a shard plays new episodes. ``teacher``: distillation's, for a
+    training shard (``Roles.teacher``). Evaluation
     shards of a run that films its evaluations (``eval.video``) have envs that draw (``with_pictures``).
     """
     num_envs = config.eval.num_envs if evaluation else config.env.num_envs
@@ -70,22 +76,25 @@ def create_shard(backend: Backend, config: Config, index: int, evaluation: bool 
         frame_stack=config.env.frame_stack,
         evaluation=evaluation,
         success=config.env.success,
+        teacher=teacher,
         options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},
     )
 
 
-def start_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0) -> Handle:
+def start_shard(
+    backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0, teacher: Any = None
+) -> Handle:
     """``create_shard``, returned once the shard started: a replacement waits for room with a line every few
     seconds, and gives up after ``resources_timeout`` (``TimeoutError``); one that dies before it starts (placed
     on a node that was going) is replaced within that time too."""
-    shards = [create_shard(backend, config, index, evaluation, generation)]
+    shards = [create_shard(backend, config, index, evaluation, generation, teacher)]
     what = f"replacement for {'evaluation ' if evaluation else ''}shard {index}"
     backend.wait_started(  # one that died before it started never played: the same shard again
         shards,
         EnvShard.spaces,
         what,
         config.resources_timeout,
-        replace=lambda _: create_shard(backend, config, index, evaluation, generation),
+        replace=lambda _: create_shard(backend, config, index, evaluation, generation, teacher),
     )
     return shards[0]
 
@@ -117,17 +126,21 @@ def create_learner(
     )
 
 
-def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple, starts: dict | None = None) -> Roles:
+def create_roles(
+    backend: Backend, config: Config, horizon: int, spaces: tuple, starts: dict | None = None, teacher: Any = None
+) -> Roles:
     """Every role of a run: training shards (none for an algorithm without: BC), evaluation shards (when the run
     evaluates), the learner group, all starting at once (``spaces``: the env's observation spaces and action
-    space, from the preflight; ``starts``: what the learner starts from, put in the object store once here).
+    space, from the preflight; ``starts``: what the learner starts from, and ``teacher``: distillation's for the
+    training shards, each put in the object store once here).
 
     Returns once the training shards and the learner ranks answer (``ResourceError`` after
     ``resources_timeout``); a role that dies before it starts (its node went) is replaced meanwhile. The
     evaluation shards are created then, not needed before the first evaluation: they start while the first
     iterations run instead of delaying them (the preflight checked that the cluster has room for every role).
     """
-    shards = [create_shard(backend, config, i) for i in range(training_shards(config))]
+    teacher = None if teacher is None else backend.put(ArrayDict(teacher))
+    shards = [create_shard(backend, config, i, teacher=teacher) for i in range(training_shards(config))]
     starts = {k: backend.put(v) for k, v in (starts or {}).items() if v is not None}
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
         backend.request_capacity(shard_request(config), config.shards.max)
@@ -139,7 +152,7 @@ def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple, 
             EnvShard.spaces,
             "shards",
             config.resources_timeout,
-            replace=lambda i: create_shard(backend, config, i),
+            replace=lambda i: create_shard(backend, config, i, teacher=teacher),
         )
     except TimeoutError as error:
         for handle in [*shards, *(learner.handles if learner else [])]:  # none is left waiting for room
@@ -152,4 +165,4 @@ def create_roles(backend: Backend, config: Config, horizon: int, spaces: tuple, 
     if not started and eval_shards:  # no training shards (BC): the evaluation shards know the episode limit
         started = [backend.get(eval_shards[0].call(EnvShard.spaces))]
     max_episode_steps = started[0][2] if started else None
-    return Roles(tuple(shards), eval_shards, learner, max_episode_steps, spaces, starts)
+    return Roles(tuple(shards), eval_shards, learner, max_episode_steps, spaces, starts, teacher)

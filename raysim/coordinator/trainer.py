@@ -43,6 +43,7 @@ from raysim.coordinator.session import Ready, Session, end_roles
 from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.snapshot import choose_run_dir, default_run_dirs, write_snapshot
 from raysim.coordinator.summary import FINISHED, Summary
+from raysim.coordinator.teacher import TEACHER_COPY, read_teacher, save_teacher, teacher_meta
 from raysim.coordinator.training_eval import eval_due, eval_metrics, evaluate_iteration, final_evaluation
 from raysim.identity import env_identity
 from raysim.learner.inputs import ChunksLost
@@ -105,8 +106,12 @@ class Trainer:
         identity, canonical_env = env_identity(to_dict(config.env))
         self.meta = {"identity": identity, "canonical_env": canonical_env, "model": to_dict(config.model)}
         self.meta["algo"] = config.algo.name  # every checkpoint's meta.json, beside the run state
+        self.teacher = read_teacher(config, self.spaces, self.storage)  # distillation's; the run's copy on a resume
+        if self.teacher is not None:
+            self.meta["teacher"] = teacher_meta(config, self.teacher, resume.meta if resume else None)
         meta_json(self.meta)  # a value meta.json cannot hold fails here, not at the first save
-        self.plan = algorithm_class(config.algo.name).collection(config.algo)  # None: no training shards (BC)
+        self.algorithm = algorithm_class(config.algo.name)
+        self.plan = self.algorithm.collection(config.algo)  # None: no training shards (BC)
         self.schedule = Schedule.of(config)
         starts_new = resume is None or resume.checkpoint is None  # a resume's own checkpoint wins over init_from
         self.starts = {
@@ -190,7 +195,7 @@ class Trainer:
         """The session: roles, the iteration to start from (a new run's, after freezing its configs; or a
         checkpoint's, loaded into the roles), the sinks. Roles already started end if this fails."""
         cfg = self.config
-        roles = create_roles(backend, cfg, self.schedule.horizon, self.spaces, self.starts)
+        roles = create_roles(backend, cfg, self.schedule.horizon, self.spaces, self.starts, self.teacher)
         try:
             collector = Collector(backend, cfg, roles, self.plan, cfg.learner.ranks)
             if self.resume:
@@ -198,6 +203,8 @@ class Trainer:
             else:
                 write_snapshot(self.storage, cfg)  # a new run: its configs frozen, the task's resources exported
                 ready = Ready(RunState())
+            if self.teacher is not None and not self.storage.exists(TEACHER_COPY):  # a resume reads the copy
+                save_teacher(self.storage, self.teacher)
             collector.reset()
             collector.generation = ready.state.shards_started  # a new shard plays episodes none before it played
             sinks = self._sinks(ready.state)
@@ -306,7 +313,8 @@ class Trainer:
         if cfg.shards.max:
             s.collector.grow()
         with clock.phase("time_collect"):  # the learner idles here: waiting for chunks
-            batch = s.collector.collect(s.weights, before.version)  # futures; dead shards replaced
+            plan = self.algorithm.collection_at(cfg.algo, before.env_steps)  # a schedule's (distillation's beta)
+            batch = s.collector.collect(s.weights, before.version, plan)  # futures; dead shards replaced
         faults.on_phase("collect", iteration, s)
         with clock.phase("time_update"):  # the shards collect ahead meanwhile (algo.max_policy_lag)
             result = self._update(s, batch, log, before.env_steps)

@@ -41,6 +41,9 @@ class RolloutChunk:
     # GRPO's dynamic sampling (``raysim.rollout.dynamic_sampling``; all 0 without it): the groups played for this
     # chunk, those left out of it, the uninformative ones kept because the rounds ran out, and the valid transitions
     # of those left out (their episodes are in ``episodes``, with ``row`` -1)
+    # distillation: the teacher's output at every step, [T, N, A] (its Gaussian mean before the action transform, or
+    # its logits), computed on the shard from the teacher's observation groups (``raysim.rollout.teacher``); None
+    labels: torch.Tensor | None = None
     groups_played: int = 0
     groups_dropped: int = 0
     groups_filled: int = 0

@@ -31,15 +31,19 @@ from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.models import Actor, RowMemory
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.policies import EvalPolicy, LearnedPolicy, scripted_policy
+from raysim.rollout.teacher import Teacher
 from raysim.rollout.trajectories import Trajectories
 from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_seed
 
 
 @dataclass(frozen=True)
 class FixedSteps:
-    """A training chunk of ``num_steps`` steps; the rows' episodes continue across chunks."""
+    """A training chunk of ``num_steps`` steps; the rows' episodes continue across chunks. ``teacher_share``: with
+    a teacher on the shard (distillation), each row's action at each step is the teacher's instead of the
+    student's with this probability (DAgger's beta), drawn from the shard's generator."""
 
     num_steps: int
+    teacher_share: float = 0.0
 
     @property
     def steps_per_row(self) -> int:
@@ -127,6 +131,7 @@ class Acting(Protocol):
     steps_done: int
     group_rounds: int
     memory: RowMemory | None  # the rows' recurrent state (model.recurrent)
+    teacher: Teacher | None  # labels every training step (distillation), or None
 
     def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
 
@@ -170,10 +175,11 @@ class ChunkBuffer:
     """The tensors of one chunk, allocated for it (owned) and written in place step by step.
 
     ``capacity`` steps are allocated; ``build(T)`` keeps the first ``T`` (copied when ``T`` is less,
-    so a chunk never holds the unused tail).
+    so a chunk never holds the unused tail). With a teacher on the shard every step is labelled (``labels``) and
+    ``teacher_share`` of the rows' actions are the teacher's (``FixedSteps``).
     """
 
-    def __init__(self, shard: Acting, obs: Obs, capacity: int):
+    def __init__(self, shard: Acting, obs: Obs, capacity: int, teacher_share: float = 0.0):
         self.shard = shard
         T, N = capacity, shard.env.num_envs
         self.capacity = T
@@ -197,6 +203,8 @@ class ChunkBuffer:
         self.reward_t, self.logp_t = self.reward.unbind(0), self.logp.unbind(0)
         self.terminated_t, self.truncated_t = self.terminated.unbind(0), self.truncated.unbind(0)
         self.actions_t = self.actions.unbind(0)
+        self.teacher, self.teacher_share = shard.teacher, float(teacher_share)
+        self.labels = None if self.teacher is None else torch.empty(T, N, self.teacher.width)
         memory = shard.memory  # a recurrent actor's: the rows' state before obs[0], and where episodes start
         self.state0 = None if memory is None else memory.state.clone()
         self.starts = None if memory is None else torch.empty(T + 1, N, dtype=torch.bool)
@@ -208,8 +216,18 @@ class ChunkBuffer:
             self.starts[t] = self.shard.memory.starting
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
-        """A sampled action for every row, written with its log-probability into step ``t``."""
-        return self.sample(obs, self.actions_t[t], self.logp_t[t])
+        """A sampled action for every row, written with its log-probability into step ``t``; with a teacher, its
+        label too, and the teacher's action in the rows it acts for (the log-probability stays the student's
+        sample's: distillation does not read it)."""
+        action = self.sample(obs, self.actions_t[t], self.logp_t[t])
+        if self.teacher is None:
+            return action
+        label = self.labels[t]
+        self.teacher.label(obs, out=label)
+        if self.teacher_share > 0:
+            taken = torch.rand(label.shape[0], generator=self.shard.generator) < self.teacher_share
+            action[taken] = self.teacher.action(label)[taken]
+        return action
 
     def record(self, t: int, step: Step) -> None:
         if step.valid is not None:
@@ -262,6 +280,7 @@ class ChunkBuffer:
             fresh=self.shard.take_fresh(),
             state0=self.state0,
             starts=None if self.starts is None else kept(self.starts, 1),
+            labels=None if self.labels is None else kept(self.labels),
         )
 
 
@@ -283,12 +302,12 @@ class ChunkEnding(Ending):
     """``FixedSteps``: ``T`` steps from where the rows are; the episodes run on into the next chunk."""
 
     def __init__(self, shard: Acting, plan: FixedSteps):
-        self.shard, self.steps = shard, int(plan.num_steps)
+        self.shard, self.steps, self.teacher_share = shard, int(plan.num_steps), plan.teacher_share
         self.checks_each_step = False
         self.start = shard.steps_done
 
     def begin(self) -> Obs:
-        self.chunk = ChunkBuffer(self.shard, self.shard.obs, self.steps)
+        self.chunk = ChunkBuffer(self.shard, self.shard.obs, self.steps, self.teacher_share)
         return self.shard.obs
 
     def running(self, t: int) -> bool:

@@ -39,6 +39,7 @@ from raysim.rollout.endings import (
 )
 from raysim.rollout.inference import inference
 from raysim.rollout.recording import Part, RecordedEval
+from raysim.rollout.teacher import Teacher, TeacherWeights
 from raysim.seeding import derive_seed
 
 ON_NONFINITE = ("raise", "mask")
@@ -53,6 +54,8 @@ class EnvShard:
 
     ``frame_stack`` (``FrameStackConfig``): the rows' last k observations of some groups, stacked around the env.
     ``evaluation``: the env as evaluation plays it (``raysim.envs.make``): an evaluation shard's.
+    ``teacher`` (``TeacherWeights``, distillation): another run's actor that labels every training step
+    (``RolloutChunk.labels``); sent once, here, never with the student's weights.
     ``on_nonfinite``: ``raise`` (default) stops with the env id, row and step of a non-finite
     observation or reward; ``mask`` drops that row's transition from the chunk (``mask`` False),
     restarts the row's episode and counts it in ``chunk.nonfinite``.
@@ -70,6 +73,7 @@ class EnvShard:
         frame_stack: FrameStackConfig | dict | None = None,
         evaluation: bool = False,
         success: str | None = None,
+        teacher: TeacherWeights | None = None,
     ):
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -85,6 +89,7 @@ class EnvShard:
         self.actor = Actor(self.env.observation_spaces, self.env.action_space, model)
         # a recurrent actor's state per row (model.recurrent), zeroed where a row's episode starts
         self.memory = None if self.actor.core is None else RowMemory(self.actor.core, self.env.num_envs)
+        self.teacher = None if teacher is None else Teacher(teacher, self.env.observation_spaces, self.env.action_space)
         self.generator = torch.Generator()
         self.generator.manual_seed(derive_seed(seed, 1))
         self.obs = self.env.reset(seed)
