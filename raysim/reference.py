@@ -6,7 +6,7 @@ against it by a test, so neither can drift from what the loader accepts.
 
 from __future__ import annotations
 
-from raysim.algos import GRPO, PPO
+from raysim.algos import BC, GRPO, PPO, Distill
 from raysim.config import Config
 from raysim.envs.atari import AtariPreset
 from raysim.schema import reference
@@ -25,7 +25,7 @@ def sections() -> list[tuple[str, list[tuple[str, str, str, str, str]]]]:
             titled.append(
                 ("env.kwargs.atari (the Atari preset of gym: Atari ids)", reference(AtariPreset, "env.kwargs.atari."))
             )
-    for algorithm in (PPO, GRPO):
+    for algorithm in (PPO, GRPO, BC, Distill):
         titled.append((f"algo ({algorithm.name})", reference(algorithm.Config, "algo.")))
     return titled
 

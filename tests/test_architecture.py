@@ -264,7 +264,8 @@ def test_an_unknown_algorithm_name_is_an_error_that_lists_the_registered_ones():
     from raysim.config import ConfigError
 
     with pytest.raises(
-        ConfigError, match=r"algo.name must be one of \['bc', 'grpo', 'ppo'\] or 'module:Class', got 'ppp'; did you"
+        ConfigError,
+        match=r"algo.name must be one of \['bc', 'distill', 'grpo', 'ppo'\] or 'module:Class', got 'ppp'; did you",
     ):
         raysim.load_config(None, ["algo.name=ppp"])
 

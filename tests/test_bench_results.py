@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from raysim.bench import mujoco
+from raysim.bench import distill, mujoco
 from raysim.bench.results import read_results, run_key, run_name, run_settings
 from raysim.bench.results_page import provenance
 from raysim.bench.welch import t_cdf, t_quantile, welch
@@ -350,3 +350,28 @@ def test_a_mujoco_tasks_runs_on_another_or_an_unrecorded_mujoco_are_a_group_apar
     assert "| `MuJoCo 4.0.1` | 1,000,000 | 1 | 2,500.0 |" in hopper
     assert "--override MuJoCo" not in hopper  # the commands run them again on this MuJoCo
     assert "MuJoCo: 3.3.0, 4.0.1 (2 of 4 runs recorded none)." in hopper
+
+
+def test_the_distill_table_gives_successes_and_seconds_per_seed_and_judges_the_students_lower_bound(tmp_path, capsys):
+    def run(row: str, seed: int, k: int, seconds: float) -> dict:
+        steps = 299_008 if row == "distill" else 1_000_000
+        return {"row": row, "seed": seed, "eval_successes": k, "eval_episodes": 400, "train_seconds": seconds,
+                "steps": steps, "env_steps": steps + 1472 * (row != "distill")}  # fmt: skip
+
+    lines = [run("teacher", 1, 392, 130.0), run("distill", 1, 396, 600.0), run("scratch", 1, 396, 2525.0)]
+    lines += [run("teacher", 2, 390, 128.0), run("distill", 2, 380, 640.0)]  # seed 2: no scratch line
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "distill.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert distill.main(["--table", "--out", str(out), "--seeds", "1", "2"]) == 0  # trains nothing
+    text = (out / "distill.md").read_text()
+    assert text in capsys.readouterr().out
+    student = next(row for row in text.splitlines() if row.startswith("| student"))
+    assert "| 396/400 (0.99, [0.97, 1.00]), 130 s + 600 s | 380/400 (0.95, [0.92, 0.97]), 128 s + 640 s |" in student
+    assert next(row for row in text.splitlines() if row.startswith("| PPO from the camera")).endswith("2,525 s | - |")
+    assert "lower bounds 0.975, 0.924 (seeds 1, 2) at a budget of 299,008 env steps (299,008, 299,008 taken)" in text
+    assert text.endswith("target (>= 0.9 on every seed, <= 300,000 env steps) met\n")
+    lines[-1] = run("distill", 2, 350, 640.0)  # 0.875: its lower bound 0.84
+    assert distill.table(lines, [1, 2]).endswith(") not met\n")
+    lines[-1] = {**run("distill", 2, 380, 640.0), "steps": 300_000, "env_steps": 301_056}  # whole iterations: over
+    assert distill.table(lines, [1, 2]).endswith(") not met\n")

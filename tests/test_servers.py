@@ -321,8 +321,8 @@ def test_a_server_that_dies_while_its_workers_collect_is_replaced_and_they_start
 def test_a_server_that_dies_before_an_evaluation_is_replaced_and_the_evaluation_is_the_uninterrupted_ones(
     ray_session, tmp_path, capsys
 ):
-    """The final evaluation (after iteration 3) finds the server dead (its load of the weights fails): a new one serves it,
-    and the run (records, weights, rows) is the collocated one."""
+    """The final evaluation (after iteration 3) finds the server dead (its load of the weights fails): a new one
+    serves it, and the run (records, weights, rows) is the collocated one."""
     with faults.registered(kill := KillServerAt("eval", 3)):
         served = train(tmp_path / "served", SERVED_ON_RAY)
     assert kill.fired and "raysim: fault: policy server 0 died" in capsys.readouterr().out

@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from raysim.bench.results import read_results, run_key
+from raysim.bench.results import read_results, run_key, seeded_rows_parser
 from raysim.evaluation import wilson
 
 DEMOS = (5, 20, 100)
@@ -159,14 +159,8 @@ def verdict(by_row: dict, seeds: list[int]) -> str:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="raysim bench finetune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser = seeded_rows_parser("raysim bench finetune", __doc__.split("\n\n")[0], ROWS)
     parser.add_argument("--steps", type=int, default=500_000, help="env steps of each RL row (default 500,000)")
-    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), help="the rows to run (default: all)")
-    parser.add_argument("--eval-episodes", type=int, default=None, help="evaluation episodes (default: the configs')")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="results folder")
-    parser.add_argument("--address", default=None, help="Ray address of the runs (default: an embedded Ray per run)")
-    parser.add_argument("--table", action="store_true", help="train nothing: print the table of the results")
     return parser.parse_args(argv)
 
 

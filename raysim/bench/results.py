@@ -13,6 +13,7 @@ overlapped until 2026-12-05 and are lockstep since).
 
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib.metadata
 import json
@@ -39,6 +40,19 @@ ANCHORS = {"HalfCheetah": (1442.6, 46.0), "Hopper": (2382.9, 271.7), "Walker2d":
 # one trained model each, its deterministic evaluation over 10 episodes (mean +- std over episodes)
 SB3_ZOO = {"HalfCheetah": (5836.3, 171.7), "Hopper": (2410.1, 9.9), "Walker2d": (3571.7, 807.8)}
 SB3_ZOO_LABEL = "SB3 + RL Zoo, published model (v3, one seed, 10 episodes)"
+
+
+def seeded_rows_parser(prog: str, description: str, rows: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The options of a bench of rows per seed, each row a run (``finetune``, ``distill``): the seeds, the rows,
+    the evaluation episodes, the results folder, the Ray address, ``--table`` (train nothing)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--rows", nargs="+", choices=rows, default=list(rows), help="the rows to run (default: all)")
+    parser.add_argument("--eval-episodes", type=int, default=None, help="evaluation episodes (default: the configs')")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="results folder")
+    parser.add_argument("--address", default=None, help="Ray address of the runs (default: an embedded Ray per run)")
+    parser.add_argument("--table", action="store_true", help="train nothing: print the table of the results")
+    return parser
 
 
 def read_results(path: Path) -> list[dict]:

@@ -134,9 +134,15 @@ def resume_refusal(meta: dict[str, Any], config: Config) -> str | None:
     saved_algo = meta.get("algo")
     if isinstance(saved_algo, str) and saved_algo != config.algo.name:
         lines.append(f"algo.name: checkpoint has {saved_algo!r}, this config has {config.algo.name!r}")
+    teacher = meta.get("teacher")  # distillation keeps the teacher it started with (its copy in the run)
+    if isinstance(teacher, dict) and saved_algo == config.algo.name:
+        for key, saved in (("teacher", teacher.get("run")), ("teacher_inputs", teacher.get("inputs"))):
+            value = getattr(config.algo, key, None)
+            if saved is not None and value != saved and not (key == "teacher_inputs" and value == []):
+                lines.append(f"algo.{key}: checkpoint has {saved!r}, this config has {value!r}")
     if not lines:
         return None
-    return "the model or algorithm differs from the checkpoint's:\n  " + "\n  ".join(lines)
+    return "the model or algorithm (or its teacher) differs from the checkpoint's:\n  " + "\n  ".join(lines)
 
 
 def relative_files(value: Any, base: Path) -> Any:

@@ -47,6 +47,21 @@ def read_teacher(config: Config, spaces: tuple[dict, Any], storage: RunStorage) 
     return teacher
 
 
+def teacher_meta(config: Config, teacher: TeacherWeights, saved: dict[str, Any] | None) -> dict[str, Any]:
+    """What every checkpoint's meta.json says of the teacher: the configured run, the groups and the key. A
+    ``ConfigError`` when the checkpoint being resumed (its meta, ``saved``) was trained with another teacher (the
+    run's copy went missing and the teacher's run changed since)."""
+    meta = {"run": config.algo.teacher, "inputs": list(teacher["inputs"].values()), "key": teacher["key"]}
+    before = (saved or {}).get("teacher")
+    if isinstance(before, dict) and before.get("key") not in (None, teacher["key"]):
+        raise ConfigError(
+            f"algo.teacher {teacher['source']} is not the teacher this run was trained with (its checkpoints name "
+            f"another hash; the run's copy {TEACHER_COPY} is missing or was replaced): start a new run to distil "
+            "from it"
+        )
+    return meta
+
+
 def save_teacher(storage: RunStorage, teacher: TeacherWeights) -> None:
     """The teacher's copy in a new run's directory."""
     storage.write(TEACHER_COPY, encode(teacher))

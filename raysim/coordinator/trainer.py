@@ -43,7 +43,7 @@ from raysim.coordinator.session import Ready, Session, end_roles
 from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.snapshot import choose_run_dir, default_run_dirs, write_snapshot
 from raysim.coordinator.summary import FINISHED, Summary
-from raysim.coordinator.teacher import read_teacher, save_teacher
+from raysim.coordinator.teacher import TEACHER_COPY, read_teacher, save_teacher, teacher_meta
 from raysim.coordinator.training_eval import eval_due, eval_metrics, evaluate_iteration, final_evaluation
 from raysim.identity import env_identity
 from raysim.learner.inputs import ChunksLost
@@ -108,7 +108,7 @@ class Trainer:
         self.meta["algo"] = config.algo.name  # every checkpoint's meta.json, beside the run state
         self.teacher = read_teacher(config, self.spaces, self.storage)  # distillation's; the run's copy on a resume
         if self.teacher is not None:
-            self.meta["teacher"] = {"source": self.teacher["source"], "key": self.teacher["key"]}
+            self.meta["teacher"] = teacher_meta(config, self.teacher, resume.meta if resume else None)
         meta_json(self.meta)  # a value meta.json cannot hold fails here, not at the first save
         self.algorithm = algorithm_class(config.algo.name)
         self.plan = self.algorithm.collection(config.algo)  # None: no training shards (BC)
@@ -202,9 +202,9 @@ class Trainer:
                 ready = restore(self.resume, cfg, self.run_dir, self.checkpoints, backend, roles)
             else:
                 write_snapshot(self.storage, cfg)  # a new run: its configs frozen, the task's resources exported
-                if self.teacher is not None:
-                    save_teacher(self.storage, self.teacher)  # a resume reads the copy, not the teacher's run
                 ready = Ready(RunState())
+            if self.teacher is not None and not self.storage.exists(TEACHER_COPY):  # a resume reads the copy
+                save_teacher(self.storage, self.teacher)
             collector.reset()
             collector.generation = ready.state.shards_started  # a new shard plays episodes none before it played
             sinks = self._sinks(ready.state)

@@ -2,7 +2,7 @@
 
 Distillation (``raysim.algos.distill``) trains a student to output what a teacher outputs on the states the
 student visits (DAgger). The teacher runs where the observations are: the shard computes its output at every
-step of a chunk (``RolloutChunk.labels``), so privileged groups never travel to the learner for it. The teacher
+step of a chunk (``RolloutChunk.labels``), so the learner never runs it (nor holds it). The teacher
 reads the student env's groups named in ``inputs`` (``{teacher's group: student env's group}``) and is sent to
 a shard once, when the shard is created (``TeacherWeights``: plain data, known by ``key``, the hash of its
 weights and settings), never with the student's weights.
