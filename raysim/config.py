@@ -119,6 +119,12 @@ class ServersConfig:
         factory=dict, help="custom Ray resources per server, e.g. {server: 1}", check=resources_problem
     )
     max_restarts: int = setting(10, help="servers replaced after their process died, over the run", low=0)
+    pipeline: int = setting(
+        1,
+        help="groups of rows per training shard, each its own env in a thread of its own: one steps while another "
+        "waits for its actions (1: none; algorithms of fixed-length chunks: PPO, distill)",
+        low=1,
+    )
 
 
 @dataclass
@@ -308,6 +314,18 @@ def check_config(config: Config, where: str = "config") -> None:
         )
     plan, minibatches = algorithm.collection(config.algo), config.algo.num_minibatches
     per_row = plan.steps_per_row if plan is not None else None
+    pipeline = config.servers.pipeline
+    if pipeline > 1 and config.shards.placement == "servers" and plan is not None:
+        if per_row is None:
+            raise ConfigError(
+                f"{where}: servers.pipeline ({pipeline}) needs chunks of fixed steps (PPO, distill); algo "
+                f"{config.algo.name!r} plays episodes per row: set servers.pipeline: 1"
+            )
+        if config.env.num_envs % pipeline:
+            raise ConfigError(
+                f"{where}: servers.pipeline ({pipeline}) must divide env.num_envs ({config.env.num_envs}): each "
+                "group is a batched env of env.num_envs / servers.pipeline rows"
+            )
     rows, counted = least_trained_rows(config)
     if config.model.recurrent != "none":
         if not algorithm.trains_recurrent:

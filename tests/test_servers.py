@@ -20,9 +20,11 @@ from raysim.envs import make
 from raysim.models import Actor, ModelConfig
 from raysim.records import read_metrics
 from raysim.rollout import EnvShard
-from raysim.rollout.chunk import RolloutChunk
+from raysim.rollout.chunk import RolloutChunk, concat_rows
 from raysim.rollout.endings import EvalEpisodes, FixedSteps
-from raysim.rollout.server import ActReply, ActRequest, PolicyServer, WeightsMissing
+from raysim.rollout.pipelined import PipelinedShard
+from raysim.rollout.server import ActReply, ActRequest, PolicyServer, ServerLost, WeightsMissing
+from raysim.seeding import PIPELINE_GROUP, derive_seed
 from raysim.storage import open_storage
 
 CARTPOLE = ("raysim/CartPole", {})
@@ -343,3 +345,76 @@ def test_a_bad_placement_or_server_count_is_one_line_naming_the_key(tmp_path, ca
     out, err = capsys.readouterr()
     assert [line for line in err.splitlines() if line.strip()] == [err.strip()] and expected in err, err
     assert not out.strip() and not any(tmp_path.iterdir())  # nothing written
+
+
+# -- pipelining: a worker's rows in groups acting at once (servers.pipeline) ------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["gaussian-obs-norm", "lstm", "camera-keypoints"])
+def test_a_pipelined_workers_chunk_joins_the_chunks_its_groups_collect_alone(policy):
+    """Each group is a shard of its own seed (the worker's and the group's), served as it would be alone; the
+    worker's chunk is theirs joined along the rows, the finished rows and episodes renumbered."""
+    (env_id, env_kwargs), model = POLICIES[policy]
+    model = ModelConfig(**model)
+    made = dict(env_kwargs=env_kwargs, model=model)
+    probe = EnvShard(env_id, 1, **made)
+    server = PolicyServer(*probe.spaces()[:2], model)
+    weights = {"version": 2, "timeline": "a", "actor": trained_looking(Actor(*probe.spaces()[:2], model), 5)}
+    key = server.load(weights)
+    pipelined = PipelinedShard(env_id, 6, groups=2, seed=7, **made, server=server.act)
+    alone = [EnvShard(env_id, 3, seed=derive_seed(7, PIPELINE_GROUP, g), **made, server=server.act) for g in (0, 1)]
+    finished = set()
+    for _ in range(3):
+        chunk, receipt, state = pipelined.collect(key, FixedSteps(12))
+        assert_same_chunk(chunk, concat_rows([shard.rollout(key, 12) for shard in alone]))
+        assert chunk.num_envs == 6 and receipt["env_steps"] == 72 and len(state["groups"]) == 2
+        finished |= set(chunk.final_row.tolist())
+    assert finished & {3, 4, 5}  # the second group's finished rows, renumbered
+
+
+def test_a_server_lost_by_one_group_drops_every_groups_collection_and_they_start_fresh_episodes():
+    (env_id, env_kwargs), model = POLICIES["gaussian-obs-norm"]
+    model = ModelConfig(**model)
+    probe = EnvShard(env_id, 1, env_kwargs=env_kwargs, model=model)
+    server = PolicyServer(*probe.spaces()[:2], model)
+    key = server.load({"version": 1, "timeline": "a", "actor": Actor(*probe.spaces()[:2], model).state_dict()})
+    calls = []
+
+    def dies_once(request: ActRequest) -> ActReply:
+        calls.append(request.rows)
+        if len(calls) == 15:  # mid-collection
+            raise ServerLost("the server died")
+        return server.act(request)
+
+    pipelined = PipelinedShard(env_id, 4, groups=2, seed=1, env_kwargs=env_kwargs, model=model, server=dies_once)
+    with pytest.raises(ServerLost):
+        pipelined.collect(key, FixedSteps(10))
+    assert [group.steps_done for group in pipelined.groups] == [0, 0]  # the collection goes back, whole
+    chunk, _, _ = pipelined.collect(key, FixedSteps(10))
+    assert chunk.fresh and chunk.num_steps == 10 and [group.steps_done for group in pipelined.groups] == [10, 10]
+
+
+def test_a_pipelined_run_trains_and_resumes_exactly(tmp_path):
+    pipelined = [*TINY, "backend=local", "shards.placement=servers", "servers.pipeline=2", "train.total_steps=1536"]
+    straight = train(tmp_path / "straight", pipelined)
+    train(tmp_path / "stopped", [*pipelined, "train.stop_after=3"])
+    resumed = Trainer.from_run_dir(tmp_path / "stopped").train()
+    assert straight.iterations == resumed.iterations == 12
+    assert_same_run(straight, resumed)
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (["env.num_envs=5", "servers.pipeline=2"], "servers.pipeline (2) must divide env.num_envs (5)"),
+        (["cartpole_grpo", "servers.pipeline=2"], "servers.pipeline (2) needs chunks of fixed steps (PPO, distill)"),
+    ],
+    ids=["rows", "grpo"],
+)
+def test_a_pipeline_that_cannot_work_is_refused_naming_the_keys(tmp_path, capsys, settings, expected):
+    name = settings[0] if "=" not in settings[0] else None
+    sets = [item for s in ["shards.placement=servers", *settings[bool(name) :]] for item in ("--set", s)]
+    assert main(["train", *([name] if name else []), "--local", "--run-dir", str(tmp_path / "run"), *sets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "run").exists()

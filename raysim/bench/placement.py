@@ -359,7 +359,7 @@ def speed_part(backend: Backend, case: SpeedCase, args: argparse.Namespace) -> R
     """Env steps/s of collection only, both placements: the version loaded once, then ``--chunks`` chunks from
     every shard per repeat."""
     count, steps = args.speed_shards, args.speed_steps
-    placements = start_both(backend, case.config, count, case.rows)
+    placements = start_both(backend, case.config, count, case.rows, [f"servers.pipeline={args.pipeline}"])
     rates: dict[str, list[float]] = {p.name: [] for p in placements}
     try:
         put = backend.put(weights_of(placements[0], 1))
@@ -379,7 +379,7 @@ def speed_part(backend: Backend, case: SpeedCase, args: argparse.Namespace) -> R
     return Row(
         f"speed: {case.name}",
         f"env steps/s, {count} shards x {case.rows} rows x {steps} steps x {args.chunks} chunks, median "
-        "(servers / collocated)",
+        f"(servers{f' pipelined in {args.pipeline} groups' if args.pipeline > 1 else ''} / collocated)",
         f"{medians[COLLOCATED]:,.0f}",
         f"{medians[SERVERS]:,.0f}",
         medians[SERVERS] / medians[COLLOCATED],
@@ -411,6 +411,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cartpole-rows", type=int, default=64, help="CartPole rows per shard (speed)")
     parser.add_argument("--speed-steps", type=int, default=100, help="steps of the speed part's chunks")
     parser.add_argument("--chunks", type=int, default=3, help="chunks per shard in each speed measurement")
+    parser.add_argument("--pipeline", type=int, default=1, help="the speed part's servers.pipeline (groups per worker)")
     parser.add_argument("--repeats", type=int, default=5, help="measured repeats of each placement")
     parser.add_argument("--warmups", type=int, default=1, help="repeats dropped first")
     parser.add_argument("--num-cpus", type=float, default=10, help="logical CPUs Ray is told (all roles must fit)")

@@ -14,6 +14,7 @@ from raysim.envs.registry import materialize
 from raysim.learner import LearnerGroup
 from raysim.rollout import EnvShard
 from raysim.rollout.arrays import ArrayDict
+from raysim.rollout.pipelined import PipelinedShard
 from raysim.seeding import derive_seed
 
 
@@ -73,10 +74,12 @@ def create_shard(
     env_kwargs = materialize(config.env.id, config.env.kwargs)  # resources as arrays: no file read on a shard
     if evaluation and config.eval.video:
         env_kwargs = with_pictures(config.env.id, env_kwargs)
+    pipelined = servers is not None and not evaluation and config.servers.pipeline > 1
     return backend.create(
-        EnvShard,
+        PipelinedShard if pipelined else EnvShard,
         config.env.id,
         num_envs,
+        **({"groups": config.servers.pipeline} if pipelined else {}),
         seed=seed,
         model=config.model,
         env_kwargs=env_kwargs,

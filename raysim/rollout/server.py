@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,7 @@ class PolicyServer:
         self.model = model if isinstance(model, ModelConfig) else ModelConfig(**model)
         self.device, self.keep = resolve_device(device, "servers.device"), max(1, int(keep))
         self.versions: OrderedDict[WeightsKey, Acting] = OrderedDict()
+        self.lock = threading.Lock()  # one batch at a time (a pipelined worker's groups ask from threads)
 
     def load(self, weights: dict[str, Any]) -> WeightsKey:
         """Hold ``weights`` (``Learner.get_weights``) unless held already, in place of the oldest once ``keep`` are
@@ -128,6 +130,10 @@ class PolicyServer:
 
     def serve(self, requests: list[ActRequest]) -> list[ActReply | WeightsMissing]:
         """Each request's reply, in order; requests for the same version and mode are computed as one batch."""
+        with self.lock:
+            return self._serve(requests)
+
+    def _serve(self, requests: list[ActRequest]) -> list[ActReply | WeightsMissing]:
         replies: list[ActReply | WeightsMissing | None] = [None] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for i, request in enumerate(requests):

@@ -138,11 +138,16 @@ class EnvShard:
         try:
             chunk = self.rollout(weights, plan)
         except ServerLost:  # the steps in flight are lost: fresh episodes, the same collection asked again
-            self.steps_done, self.group_rounds = steps, rounds
-            self.server_losses += 1
-            self.start_fresh(derive_seed(SERVER_LOST, self.server_losses, steps))
+            self.abandon(steps, rounds)
             raise
         return chunk, {"shard": self.shard_index, "env_steps": chunk.env_steps}, self.get_state()
+
+    def abandon(self, steps: int, rounds: int) -> None:
+        """Drop the collection that began with ``steps`` taken and ``rounds`` played (its policy server died): the
+        counters go back, the rows start fresh episodes; the coordinator asks for the collection again."""
+        self.steps_done, self.group_rounds = steps, rounds
+        self.server_losses += 1
+        self.start_fresh(derive_seed(SERVER_LOST, self.server_losses, steps))
 
     def rollout(self, weights: dict, plan: Collection | int) -> RolloutChunk:
         """Act with ``weights`` as ``plan`` says (an int: ``FixedSteps`` of that many steps); the chunk. A
