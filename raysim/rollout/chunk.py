@@ -117,4 +117,3 @@ def concat_rows(chunks: list[RolloutChunk]) -> RolloutChunk:
         final_state=rows("final_state", 0),
         labels=rows("labels"),
     )
-
