@@ -314,18 +314,8 @@ def check_config(config: Config, where: str = "config") -> None:
         )
     plan, minibatches = algorithm.collection(config.algo), config.algo.num_minibatches
     per_row = plan.steps_per_row if plan is not None else None
-    pipeline = config.servers.pipeline
-    if pipeline > 1 and config.shards.placement == "servers" and plan is not None:
-        if per_row is None:
-            raise ConfigError(
-                f"{where}: servers.pipeline ({pipeline}) needs chunks of fixed steps (PPO, distill); algo "
-                f"{config.algo.name!r} plays episodes per row: set servers.pipeline: 1"
-            )
-        if config.env.num_envs % pipeline:
-            raise ConfigError(
-                f"{where}: servers.pipeline ({pipeline}) must divide env.num_envs ({config.env.num_envs}): each "
-                "group is a batched env of env.num_envs / servers.pipeline rows"
-            )
+    if plan is not None:
+        check_pipeline(config, per_row, where)
     rows, counted = least_trained_rows(config)
     if config.model.recurrent != "none":
         if not algorithm.trains_recurrent:
@@ -348,6 +338,24 @@ def check_config(config: Config, where: str = "config") -> None:
         raise ConfigError(
             f"{where}: algo.num_minibatches ({minibatches}) is more than a learner rank's batch of {rows * per_row} "
             f"transitions ({counted} x {per_row} steps): lower it or collect more"
+        )
+
+
+def check_pipeline(config: Config, per_row: int | None, where: str) -> None:
+    """A ``ConfigError`` for a ``servers.pipeline`` its shards cannot split (``per_row``: the plan's steps per row,
+    None for episodes per row)."""
+    pipeline = config.servers.pipeline
+    if pipeline == 1 or config.shards.placement != "servers":
+        return
+    if per_row is None:
+        raise ConfigError(
+            f"{where}: servers.pipeline ({pipeline}) needs chunks of fixed steps (PPO, distill); algo "
+            f"{config.algo.name!r} plays episodes per row: set servers.pipeline: 1"
+        )
+    if config.env.num_envs % pipeline:
+        raise ConfigError(
+            f"{where}: servers.pipeline ({pipeline}) must divide env.num_envs ({config.env.num_envs}): each group is "
+            "a batched env of env.num_envs / servers.pipeline rows"
         )
 
 

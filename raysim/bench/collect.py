@@ -519,6 +519,7 @@ def _recurrent_table(args, envs: list[int], results: Results) -> list[str]:
         "bare cell loop ms",
         "recurrent / (feed-forward + cell loop)",
     ]
+    cells = " and ".join(f"`nn.{kind.upper()}Cell`" for kind in args.recurrent)  # LSTMCell, GRUCell
     return [
         "",
         f"## Recurrent policy ({RECURRENT_SIZE} units, the same MLPs) against feed-forward, in-process, values "
@@ -526,9 +527,9 @@ def _recurrent_table(args, envs: list[int], results: Results) -> list[str]:
         "",
         _table(header, body),
         "",
-        f"The bare cell loop: {args.steps} steps of `nn.LSTMCell` (`nn.GRUCell`) of {RECURRENT_SIZE} units on N rows, "
-        "no_grad, measured in the same rounds: the recurrence's own arithmetic, so feed-forward + cell loop is the "
-        "floor of a recurrent row.",
+        f"The bare cell loop: {args.steps} steps of {cells} of {RECURRENT_SIZE} units on N rows, no_grad, measured "
+        "in the same rounds: the recurrence's own arithmetic, so feed-forward + cell loop is the floor of a recurrent "
+        "row.",
     ]
 
 

@@ -291,25 +291,7 @@ def weight_rows(
             {**moved, "weights": sent, "key": key},
         ),
     ]
-    if held[COLLOCATED][0]["uss"] is not None:
-        total = {name: sum(r["uss"] for r in roles) for name, roles in held.items()}
-        rows += [
-            Row(
-                part,
-                "USS per role, median",
-                per_kind(held[COLLOCATED], uss_text),
-                per_kind(held[SERVERS], uss_text),
-                values={name: [r["uss"] for r in roles] for name, roles in held.items()},
-            ),
-            Row(
-                part,
-                "USS, all roles (collocated / servers)",
-                f"{total[COLLOCATED] / 2**20:,.0f} MiB",
-                f"{total[SERVERS] / 2**20:,.0f} MiB",
-                total[COLLOCATED] / total[SERVERS],
-                values=total,
-            ),
-        ]
+    rows += uss_rows(part, held)
     medians = {name: statistics.median(samples) for name, samples in times.items()}
     rows.append(
         Row(
@@ -324,6 +306,30 @@ def weight_rows(
         )
     )
     return rows
+
+
+def uss_rows(part: str, held: dict[str, list[dict]]) -> list[Row]:
+    """Each role's unique memory and their sum, both placements (none without Ray: ``--local``)."""
+    if held[COLLOCATED][0]["uss"] is None:
+        return []
+    total = {name: sum(r["uss"] for r in roles) for name, roles in held.items()}
+    return [
+        Row(
+            part,
+            "USS per role, median",
+            per_kind(held[COLLOCATED], uss_text),
+            per_kind(held[SERVERS], uss_text),
+            values={name: [r["uss"] for r in roles] for name, roles in held.items()},
+        ),
+        Row(
+            part,
+            "USS, all roles (collocated / servers)",
+            f"{total[COLLOCATED] / 2**20:,.0f} MiB",
+            f"{total[SERVERS] / 2**20:,.0f} MiB",
+            total[COLLOCATED] / total[SERVERS],
+            values=total,
+        ),
+    ]
 
 
 def per_kind(roles: list[dict], describe: Any) -> str:
