@@ -153,6 +153,12 @@ class Handle:
         fetched separately)."""
         raise NotImplementedError
 
+    def caller(self, method: Callable, lost: type[Exception]) -> Callable[..., Any]:
+        """The role's ``method`` as a plain function that another role calls and waits for (a worker asking its
+        policy server at each step): picklable, so it travels to that role; ``lost`` raised when this role's
+        process is gone."""
+        raise NotImplementedError
+
 
 class Backend:
     name: str
@@ -240,6 +246,9 @@ class _LocalHandle(Handle):
     def call_split(self, method: Callable, *args: Any, returns: int, **kwargs: Any) -> tuple[Any, ...]:
         return tuple(plain(getattr(self.instance, method_name(method))(*args, **kwargs)))
 
+    def caller(self, method: Callable, lost: type[Exception]) -> Callable[..., Any]:
+        return getattr(self.instance, method_name(method))
+
 
 class LocalBackend(Backend):
     """Everything in this process, no Ray."""
@@ -262,6 +271,24 @@ class _RayHandle(Handle):
 
     def call_split(self, method: Callable, *args: Any, returns: int, **kwargs: Any) -> tuple[Any, ...]:
         return tuple(getattr(self.actor, method_name(method)).options(num_returns=returns).remote(*args, **kwargs))
+
+    def caller(self, method: Callable, lost: type[Exception]) -> Callable[..., Any]:
+        return _RayCaller(self.actor, method_name(method), lost)
+
+
+class _RayCaller:
+    """``Handle.caller`` on Ray: the call, then a wait for its result in the calling role's process."""
+
+    def __init__(self, actor: Any, name: str, lost: type[Exception]):
+        self.actor, self.name, self.lost = actor, name, lost
+
+    def __call__(self, *args: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(getattr(self.actor, self.name).remote(*args))
+        except ray.exceptions.RayActorError as error:
+            raise self.lost(describe(error)) from None
 
 
 class RayBackend(Backend):

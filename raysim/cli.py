@@ -470,18 +470,7 @@ def add_bench(commands, common) -> None:
     bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
     bench.add_argument(
         "name",
-        choices=[
-            "collect",
-            "solve",
-            "scale",
-            "mujoco",
-            "atari",
-            "metaworld",
-            "finetune",
-            "distill",
-            "startup",
-            "store",
-        ],
+        choices="collect solve scale mujoco atari metaworld finetune distill startup store serving placement".split(),
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
         "scale: env steps/s against shards, lockstep and overlapped; startup: start-up against Ray's floor; "
         "mujoco: MuJoCo locomotion returns and wall time against CleanRL (and raysim/Reach success); "
@@ -489,7 +478,10 @@ def add_bench(commands, common) -> None:
         "metaworld: Meta-World collection env steps/s against a bare loop and a CleanRL-style loop; "
         "finetune: pick-place-v3 success of BC from expert demonstrations, PPO and GRPO fine-tuned from it; "
         "distill: ReachCamera success of a camera student distilled from a state teacher, against PPO from scratch; "
-        "store: object-store bytes over a 500-iteration run stay flat",
+        "store: object-store bytes over a 500-iteration run stay flat; "
+        "serving: a step's round trip to a policy server (Ray call, Compiled Graph, in-process) and the step split; "
+        "placement: collocated shards against env workers + a policy server: policy bytes held and moved, USS, "
+        "env steps/s",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     bench.set_defaults(run=bench_command)

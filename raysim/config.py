@@ -97,6 +97,34 @@ class ShardsConfig:
         high=1,
         open_low=True,
     )
+    placement: str = setting(
+        "collocated",
+        help="collocated: each shard acts with its own copy of the actor; servers: shards keep the envs and ask "
+        "policy servers (servers.*) for the actions",
+        choices=("collocated", "servers"),
+    )
+
+
+@dataclass
+class ServersConfig:
+    """Policy servers (shards.placement: servers): the actor's weights in one place, acting for many shards."""
+
+    count: int = setting(1, help="policy servers; shard i asks server i mod count", low=1)
+    num_cpus: float = setting(1.0, help="CPUs each server asks Ray for", low=0)
+    num_gpus: float = setting(0.0, help="GPUs each server asks Ray for", low=0)
+    device: str = setting(
+        "cpu", help="cpu, cuda, cuda:<index>, or auto (a GPU when Ray gives one)", check=device_problem
+    )
+    resources: dict = setting(
+        factory=dict, help="custom Ray resources per server, e.g. {server: 1}", check=resources_problem
+    )
+    max_restarts: int = setting(10, help="servers replaced after their process died, over the run", low=0)
+    pipeline: int = setting(
+        1,
+        help="groups of rows per training shard, each its own env in a thread of its own: one steps while another "
+        "waits for its actions (1: none; algorithms of fixed-length chunks: PPO, distill)",
+        low=1,
+    )
 
 
 @dataclass
@@ -180,6 +208,7 @@ class Config:
     seed: int = setting(1, help="seed of the weights, the shards' envs and the sampling", low=0)
     env: EnvConfig = field(default_factory=EnvConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
+    servers: ServersConfig = field(default_factory=ServersConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: Any = field(default_factory=PPOConfig)  # the Config dataclass of algo.name's algorithm (raysim.algos)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
@@ -285,6 +314,8 @@ def check_config(config: Config, where: str = "config") -> None:
         )
     plan, minibatches = algorithm.collection(config.algo), config.algo.num_minibatches
     per_row = plan.steps_per_row if plan is not None else None
+    if plan is not None:
+        check_pipeline(config, per_row, where)
     rows, counted = least_trained_rows(config)
     if config.model.recurrent != "none":
         if not algorithm.trains_recurrent:
@@ -307,6 +338,24 @@ def check_config(config: Config, where: str = "config") -> None:
         raise ConfigError(
             f"{where}: algo.num_minibatches ({minibatches}) is more than a learner rank's batch of {rows * per_row} "
             f"transitions ({counted} x {per_row} steps): lower it or collect more"
+        )
+
+
+def check_pipeline(config: Config, per_row: int | None, where: str) -> None:
+    """A ``ConfigError`` for a ``servers.pipeline`` its shards cannot split (``per_row``: the plan's steps per row,
+    None for episodes per row)."""
+    pipeline = config.servers.pipeline
+    if pipeline == 1 or config.shards.placement != "servers":
+        return
+    if per_row is None:
+        raise ConfigError(
+            f"{where}: servers.pipeline ({pipeline}) needs chunks of fixed steps (PPO, distill); algo "
+            f"{config.algo.name!r} plays episodes per row: set servers.pipeline: 1"
+        )
+    if config.env.num_envs % pipeline:
+        raise ConfigError(
+            f"{where}: servers.pipeline ({pipeline}) must divide env.num_envs ({config.env.num_envs}): each group is "
+            "a batched env of env.num_envs / servers.pipeline rows"
         )
 
 

@@ -19,7 +19,7 @@ def sections() -> list[tuple[str, list[tuple[str, str, str, str, str]]]]:
     algorithm's ``algo`` section."""
     rows = reference(Config)
     titled = [("run", [r for r in rows if "." not in r[0]])]
-    for section in ("env", "shards", "model", "learner", "train", "eval", "checkpoint"):
+    for section in ("env", "shards", "servers", "model", "learner", "train", "eval", "checkpoint"):
         titled.append((section, [r for r in rows if r[0].startswith(f"{section}.")]))
         if section == "env":
             titled.append(

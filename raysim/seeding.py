@@ -22,6 +22,8 @@ EVAL_EPISODE = 5  # (eval seed, tag, episode index j): the reset seed of evaluat
 EVAL_ACTION_NOISE = 7  # (eval seed, tag, episode index j): a stochastic or random evaluation's action noise
 EVAL_BATCH = 8  # (eval seed, tag, first global row): a shard's rows when its env cannot reset one row
 DEMONSTRATIONS = 13  # (run seed, tag): the evaluation seed demonstrations are recorded with, never eval.seed
+SERVER_LOST = 14  # (tag, losses, steps done): the key of a worker's fresh episodes after its policy server died
+PIPELINE_GROUP = 15  # (worker seed, tag, group): the seed of a pipelined worker's group of rows (servers.pipeline)
 
 _MASK32 = 0xFFFFFFFF
 

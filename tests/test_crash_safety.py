@@ -43,12 +43,12 @@ PER_ITERATION = 128
 TIMING = ("time", "steps_per_s", "time_collect", "time_update", "time_eval", "time_checkpoint")
 
 
-def train_cli(run_dir: Path, fault: str):
+def train_cli(run_dir: Path, fault: str, *overrides: str):
     """``raysim train --local`` in its own process, a fault injected by ``tests.support.faulty_train``. The same
     signals on an embedded Ray, with Ray's own handlers installed: ``tests/test_waits.py``."""
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
-    sets = [item for override in TINY for item in ("--set", override)]
+    sets = [item for override in [*TINY, *overrides] for item in ("--set", override)]
     command = [sys.executable, "-m", "tests.support.faulty_train", fault, "train", "--run-dir", str(run_dir), *sets]
     return subprocess.run([*command, "--local"], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=240)
 
@@ -97,21 +97,22 @@ def assert_same_run(run_dir: Path, straight: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "resumes_from"),
+    ("fault", "resumes_from", "placement"),
     [
-        ("collect:3", 2),
-        ("update:3", 2),
-        ("eval:4", 2),
-        ("save:4", 2),  # killed between the checkpoint's files and its completion marker
-        ("final_save:6", 4),
-        ("final_eval:6", 6),
+        ("collect:3", 2, "collocated"),
+        ("update:3", 2, "collocated"),
+        ("eval:4", 2, "collocated"),
+        ("save:4", 2, "collocated"),  # killed between the checkpoint's files and its completion marker
+        ("final_save:6", 4, "collocated"),
+        ("final_eval:6", 6, "collocated"),
+        ("eval:4", 2, "servers"),  # a run with policy servers is the collocated run, resumed too
     ],
 )
 def test_a_driver_killed_at_any_phase_resumes_to_exactly_the_uninterrupted_run(
-    tmp_path, straight, capsys, fault, resumes_from
+    tmp_path, straight, capsys, fault, resumes_from, placement
 ):
     run_dir = tmp_path / "run"
-    killed = train_cli(run_dir, fault=f"{fault}:kill")
+    killed = train_cli(run_dir, f"{fault}:kill", f"shards.placement={placement}")
     assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
     assert newest(run_dir)[0].iteration == resumes_from
     assert main(["resume", str(run_dir), "--local"]) == 0

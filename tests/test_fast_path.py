@@ -296,7 +296,7 @@ def plain_gaussian_chunks(env_id, num_envs, seed, weights, config, steps, env_kw
     ``env_action``, the env contract; one record per weights version in ``weights``, and the generator's state."""
     env = make(env_id, num_envs, seed=seed, **env_kwargs)
     actor = Actor(env.observation_spaces, env.action_space, config)
-    memory = None if actor.core is None else RowMemory(actor.core, num_envs)
+    memory = None if actor.core is None else RowMemory(actor.core, num_envs, fused=True)  # the shard's in-place step
     generator = torch.Generator()
     generator.manual_seed(derive_seed(seed, 1))
     obs = env.reset(seed)

@@ -13,11 +13,13 @@ from torch import nn
 import raysim
 from raysim.actors import LocalBackend
 from raysim.algos.decoupled import decouple
-from raysim.algos.epochs import sequences
+from raysim.algos.epochs import sequence_steps, sequences, valid_steps
+from raysim.algos.ppo import PPOConfig
 from raysim.checkpoint import locate_checkpoint
 from raysim.config import ConfigError
 from raysim.envs import make
 from raysim.evaluation import EvalSpec, evaluate_on_shards
+from raysim.learner import Learner
 from raysim.models import ActorCritic, ModelConfig, RecurrentCore, RowMemory
 from raysim.rollout import EnvShard
 from raysim.rollout.advantages import sequence_values
@@ -72,6 +74,98 @@ def test_the_cell_computes_what_torchs_cell_does_and_by_row_each_row_alone_bitwi
     assert torch.equal(torch.cat([s for _, s in alone]), batched[1])
 
 
+@pytest.mark.parametrize("size", [8, 64])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_shards_in_place_step_follows_the_written_out_cell_within_float32_rounding(kind, size):
+    """A shard's fused row memory (``CellInference``: in place, tanh as ``2 sigmoid(2z) - 1``) against the written-out
+    cell, each stepping its own state over 40 steps with episode starts: within 1e-6 + 1e-6 x |value| at every step
+    (an LSTM's cell state grows past 1), not bitwise; ``peek`` gives the output of the next ``advance`` and leaves
+    the state as it is."""
+    torch.manual_seed(0)
+    core = RecurrentCore(kind, 5, size)
+    with torch.no_grad():
+        for layer in (core.input, core.recurrent):
+            layer.bias.normal_()  # gates away from zero
+    fused, written_out = RowMemory(core, 33, fused=True), RowMemory(core, 33)
+    differ = False
+    with torch.no_grad():
+        for t in range(40):
+            if t % 7 == 3:
+                starts = torch.rand(33) < 0.3
+                fused.restart(starts)
+                written_out.restart(starts)
+            x = 2 * torch.randn(33, 5)
+            state = fused.state.clone()
+            peeked = fused.peek(core, x).clone()
+            assert torch.equal(fused.state, state)
+            out, expected = fused.advance(core, x), written_out.advance(core, x)
+            assert torch.equal(out, peeked)
+            torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(fused.state, written_out.state, atol=1e-6, rtol=1e-6)
+            differ |= not torch.equal(fused.state, written_out.state)
+    assert differ and float(written_out.state.abs().max()) > 0.5  # rounding apart, on states far from zero
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_chunk_stores_the_outputs_and_final_states_that_a_replay_with_the_written_out_cell_computes(kind):
+    """``chunk.memory`` (the core's output at each of the T+1 observations, as the shard acted) and
+    ``chunk.final_state`` (each final observation's row's state after its episode's last step) agree with the
+    learner's replay of the chunk from ``state0`` through the written-out cell, within 1e-6."""
+    model, shard = model_and_shard(kind, rows=6, env_kwargs={"velocities": False, "max_episode_steps": 9}, seed=2)
+    weights = {"version": 0, "actor": model.actor.state_dict()}
+    for chunk in (shard.rollout(weights, 24), shard.rollout(weights, 24)):
+        T, N = chunk.num_steps, chunk.num_envs
+        with inference(model):
+            x = model.actor.features({k: v.flatten(0, 1) for k, v in chunk.obs.items()}).view(T + 1, N, -1)
+            outputs, states = model.actor.core.replay(x, chunk.state0, chunk.starts)
+        assert chunk.memory.shape == (T + 1, N, 8) and chunk.final_state.shape == (len(chunk.final_t), states.shape[-1])
+        torch.testing.assert_close(chunk.memory, outputs, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(chunk.final_state, states[chunk.final_t, chunk.final_row], atol=1e-6, rtol=1e-6)
+        assert int(chunk.truncated.sum()) >= 3 and bool(chunk.starts[1:].any())
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_learners_values_from_the_stored_outputs_equal_those_of_a_replay(kind):
+    """``sequence_values`` reading the shard's outputs and final states (``acted``) against replaying the chunk: the
+    same values and bootstrapped next values, within 1e-5, truncated rows' terminal values included; the stored
+    path's values are bitwise the critic's own forward on the stored outputs (``critic_values``' fused MLP)."""
+    model, shard = model_and_shard(kind, rows=6, env_kwargs={"velocities": False, "max_episode_steps": 9}, seed=5)
+    weights = {"version": 0, "actor": model.actor.state_dict()}
+    for chunk in (shard.rollout(weights, 24), shard.rollout(weights, 24)):
+        stored, replayed = sequence_values(model, chunk, acted=True), sequence_values(model, chunk, acted=False)
+        with inference(model):
+            obs = {k: v.flatten(0, 1) for k, v in chunk.obs.items()}
+            forward = model.critic(obs, memory=chunk.memory.flatten(0, 1)).view(chunk.num_steps + 1, -1)
+        assert torch.equal(stored[0], forward[:-1])
+        for a, b in zip(stored, replayed, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        truncated = chunk.truncated & ~chunk.terminated
+        assert bool(truncated.any()) and bool((stored[1][truncated] != 0).all())
+
+
+def test_ppo_reads_the_stored_outputs_of_its_own_policys_chunk_and_replays_a_lagging_one():
+    """A chunk of the learner's policy version: its values come from the outputs the shard stored; a chunk of an
+    older version (``max_policy_lag``): from replaying it with the learner's weights, which no longer made it."""
+    config = ModelConfig(recurrent="lstm", recurrent_size=8, hidden_sizes=[16])
+    shard = EnvShard("raysim/CartPole", 4, seed=1, model=config, env_kwargs={"velocities": False})
+    learner = Learner(*shard.spaces()[:2], config, PPOConfig(num_minibatches=2), horizon=10, seed=0)
+    model, algorithm = learner.model, learner.algorithm
+    chunk = shard.rollout(learner.get_weights(), 16)
+    assert chunk.policy_version == algorithm.version == 0
+
+    def values_at_valid_steps(acted: bool) -> torch.Tensor:
+        return sequence_steps(chunk, sequence_values(model, chunk, acted)[0])[sequences(chunk)["sequences"]["mask"]]
+
+    assert torch.equal(valid_steps(algorithm.batch([chunk]))["values"], values_at_valid_steps(True))
+    with torch.no_grad():
+        for p in model.actor.core.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # the learner moved on: the chunk lags one version
+    algorithm.version = 1
+    lagging = valid_steps(algorithm.batch([chunk]))["values"]
+    assert torch.equal(lagging, values_at_valid_steps(False))
+    assert not torch.allclose(lagging, values_at_valid_steps(True), atol=1e-3)
+
+
 def test_a_chunk_carries_each_rows_state_before_its_first_step_and_where_episodes_start():
     model, shard = model_and_shard()
     weights = {"version": 0, "actor": model.actor.state_dict()}
@@ -105,7 +199,7 @@ def test_the_shard_acts_as_the_actor_with_a_row_memory_does_bitwise():
     model, shard = model_and_shard(rows=5, env_kwargs={"velocities": False, "max_episode_steps": 7}, seed=4)
     chunk = shard.rollout({"version": 0, "actor": model.actor.state_dict()}, 20)
     env = make("raysim/CartPole", 5, seed=4, **{"velocities": False, "max_episode_steps": 7})
-    generator, memory = torch.Generator(), RowMemory(model.actor.core, 5)
+    generator, memory = torch.Generator(), RowMemory(model.actor.core, 5, fused=True)  # the shard's in-place step
     generator.manual_seed(derive_seed(4, 1))
     obs = env.reset(4)
     with inference(model):
@@ -141,10 +235,12 @@ def reference_terminal_value(model: ActorCritic, obs: torch.Tensor, start: int, 
         return [float(model.critic(final_obs, memory=m)) for m in (after, zero)], state
 
 
-def test_a_truncated_row_bootstraps_from_its_final_observation_read_with_the_state_its_episode_reached():
+@pytest.mark.parametrize("acted", [False, True], ids=["replayed", "stored"])
+def test_a_truncated_row_bootstraps_from_its_final_observation_read_with_the_state_its_episode_reached(acted):
     """The terminal-value rule with a critic whose value depends on the state: the value of a truncated episode's
     final observation is read from the state that episode reached (across a chunk boundary too), not from a zero
-    state nor the next episode's; terminated rows never bootstrap; eval mode during, each module's mode after."""
+    state nor the next episode's; terminated rows never bootstrap; eval mode during, each module's mode after. The
+    same whether the learner replays the chunk or reads the state the shard stored (``chunk.final_state``)."""
     model, shard = model_and_shard(rows=3, env_kwargs={"velocities": False, "max_episode_steps": 5}, seed=3)
     with torch.no_grad():
         model.critic.net[0].weight[:, :8] *= 100  # the core's output, read first: values far apart by state
@@ -156,7 +252,7 @@ def test_a_truncated_row_bootstraps_from_its_final_observation_read_with_the_sta
     model.critic.eval()  # a mixed mode, to be restored exactly
     modes = []
     model.actor.core.register_forward_hook(lambda module, *_: modes.append(module.training))
-    values, next_values = sequence_values(model, second)
+    values, next_values = sequence_values(model, second, acted)
     assert modes and not any(modes)
     assert model.training and model.actor.training and model.actor.core.training and not model.critic.training
 

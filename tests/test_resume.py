@@ -163,10 +163,12 @@ def test_a_forced_resume_whose_env_changed_its_observation_shapes_is_one_line_be
 RECURRENT = ["model.recurrent=lstm", "model.recurrent_size=8", "env.kwargs={velocities: false}"]
 
 
+@pytest.mark.parametrize("placement", ["collocated", "servers"])
 @pytest.mark.parametrize("model", [[], RECURRENT], ids=["feed-forward", "recurrent"])
-def test_train_2k_equals_train_k_stop_resume_train_k_bitwise(tmp_path, model):
-    """Also for a recurrent policy: its rows' states are part of the shard state a checkpoint keeps."""
-    overrides = [*TINY, *model, "train.total_steps=2048"]  # 16 iterations
+def test_train_2k_equals_train_k_stop_resume_train_k_bitwise(tmp_path, model, placement):
+    """Also for a recurrent policy: its rows' states are part of the shard state a checkpoint keeps (on the shard,
+    which keeps them with policy servers too)."""
+    overrides = [*TINY, *model, f"shards.placement={placement}", "train.total_steps=2048"]  # 16 iterations
     straight = raysim.Trainer(raysim.load_config(None, [*overrides, f"run_dir={tmp_path / 'a'}"])).train()
     raysim.Trainer(raysim.load_config(None, [*overrides, "train.stop_after=8", f"run_dir={tmp_path / 'b'}"])).train()
     resumed = raysim.Trainer.from_run_dir(tmp_path / "b").train()

@@ -199,13 +199,14 @@ class PPO(Algorithm):
 
     def batch(self, chunks: list[RolloutChunk]) -> Batch:
         """Values, GAE advantages and returns (advantages + values) of every valid transition; for a recurrent
-        model, of every row's sequence (values from replaying it: ``sequence_values``)."""
+        model, of every row's sequence (``sequence_values``: the core's outputs the shard stored, replayed for a chunk
+        of an older policy)."""
         recurrent = self.model.actor.core is not None
         parts = []
         for chunk in chunks:
             if recurrent:
                 part, steps = sequences(chunk), sequence_steps
-                values, next_values = sequence_values(self.model, chunk)
+                values, next_values = sequence_values(self.model, chunk, chunk.policy_version == self.version)
             else:
                 part, steps = transitions(chunk), transition_steps
                 values, next_values = chunk_values(self.model.critic, chunk)

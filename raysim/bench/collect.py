@@ -8,9 +8,11 @@ raysim, the terminal values of the eligible rows):
 - ``raysim in-process``: ``chunk = shard.rollout(weights, T)`` then ``chunk_values(critic, chunk)``,
   with a new weights version every round so the shard loads the weights each time, as in training;
 - ``raysim in-process, LSTM`` (and ``GRU``; ``--recurrent``): the same with a recurrent policy
-  (``model.recurrent``, ``RECURRENT_SIZE`` units, the same MLPs): the shard steps each row's state and
-  the learner side replays the chunk for its values (``sequence_values``), as PPO does; the report
-  sets each beside the feed-forward row, recurrent / feed-forward;
+  (``model.recurrent``, ``RECURRENT_SIZE`` units, the same MLPs): the shard steps each row's state in place
+  (``CellInference``) and stores the core's outputs with the chunk, from which the learner side computes its
+  values (``sequence_values`` of a chunk of its own weights), as PPO does; the report sets each beside the
+  feed-forward row, recurrent / feed-forward, and beside its floor: the feed-forward row plus a bare
+  ``nn.LSTMCell`` (``nn.GRUCell``) loop of T steps on N rows, measured in the same rounds;
 - ``raysim Ray actor``: the same shard as a Ray actor; the weights go in as an object ref from one
   ``ray.put`` per round, the chunk comes back with ``ray.get`` and the driver (playing the learner)
   computes the values: one request's latency, round trip included;
@@ -68,6 +70,7 @@ INPROC = "raysim in-process"
 LSTM = "raysim in-process, LSTM"
 GRU = "raysim in-process, GRU"
 RECURRENT_ROWS = {"lstm": LSTM, "gru": GRU}  # model.recurrent -> its row
+CELL_ROWS = {"lstm": "bare LSTMCell loop", "gru": "bare GRUCell loop"}  # model.recurrent -> its arithmetic floor
 RECURRENT_SIZE = 64  # model.recurrent_size of the recurrent rows
 RAY = "raysim Ray actor"
 STEADY = "raysim Ray actor, steady state"
@@ -135,7 +138,7 @@ def inproc_row(
     env_kwargs: dict[str, Any] | None = None,
 ) -> tuple[ActorCritic, Row]:
     """A shard in this process and the learner-side model: ``shard.rollout(weights, T)``, then the chunk's values
-    as PPO computes them (``sequence_values``, replaying the chunk, for a recurrent model, else ``chunk_values``).
+    as PPO computes them (``sequence_values`` for a recurrent model, else ``chunk_values``).
     ``env_id`` / ``env_kwargs``: the shard's env (CartPole unless given; ``raysim bench metaworld`` gives its own)."""
     from raysim.models import ActorCritic
     from raysim.rollout.advantages import chunk_values, sequence_values
@@ -150,7 +153,10 @@ def inproc_row(
     def inproc(version: int):
         weights = {"version": version, "actor": model.actor.state_dict()}
         chunk = shard.rollout(weights, steps)
-        values, next_values = sequence_values(model, chunk) if recurrent else chunk_values(model.critic, chunk)
+        # a recurrent chunk of the model's own weights: its values read the core's outputs the shard stored, as PPO's
+        values, next_values = (
+            sequence_values(model, chunk, acted=True) if recurrent else chunk_values(model.critic, chunk)
+        )
         return chunk, values, next_values
 
     return model, Row(name, inproc)
@@ -164,8 +170,26 @@ def _recurrent_rows(n: int, steps: int, seed: int, kinds: list[str]) -> list[Row
     rows = []
     for kind in kinds:
         config = ModelConfig(recurrent=kind, recurrent_size=RECURRENT_SIZE)
-        rows.append(inproc_row(RECURRENT_ROWS[kind], n, steps, seed, config)[1])
+        model, row = inproc_row(RECURRENT_ROWS[kind], n, steps, seed, config)
+        rows += [row, _cell_row(kind, n, steps, model.actor.in_dim)]
     return rows
+
+
+def _cell_row(kind: str, n: int, steps: int, in_dim: int) -> Row:
+    """``steps`` steps of a bare ``nn.LSTMCell`` (``nn.GRUCell``) of ``RECURRENT_SIZE`` units on [N, ``in_dim``]
+    inputs, no_grad: the recurrence's own arithmetic, the floor of what a recurrent row adds to the feed-forward one."""
+    cell = (torch.nn.LSTMCell if kind == "lstm" else torch.nn.GRUCell)(in_dim, RECURRENT_SIZE)
+    x = torch.randn(n, in_dim)
+
+    def loop(version: int):
+        with torch.no_grad():
+            h = torch.zeros(n, RECURRENT_SIZE)
+            state = (h, h) if kind == "lstm" else h
+            for _ in range(steps):
+                state = cell(x, state)
+        return state
+
+    return Row(CELL_ROWS[kind], loop)
 
 
 def _ray_rows(n: int, steps: int, seed: int, model, chunk_values) -> list[Row]:
@@ -374,7 +398,7 @@ def _recurrent_note(args) -> list[str]:
     kinds = " and ".join(kind.upper() for kind in args.recurrent)
     return [
         f"Recurrent rows: {kinds} core of {RECURRENT_SIZE} units before the same actor MLP, in-process, the values by",
-        "`sequence_values(model, chunk)` (the learner replays the chunk from its `state0`).",
+        "`sequence_values(model, chunk, acted=True)` (from the core's outputs the shard stored with the chunk).",
     ]
 
 
@@ -471,23 +495,41 @@ def _time_tables(args, envs: list[int], results: Results) -> list[str]:
 
 
 def _recurrent_table(args, envs: list[int], results: Results) -> list[str]:
-    """Each recurrent row beside the feed-forward in-process row at each N: env steps/s and the time ratio."""
+    """Each recurrent row beside the feed-forward in-process row at each N: env steps/s and the time ratio; and
+    against its floor, the feed-forward row plus a bare cell loop of the same shapes (``_cell_row``)."""
     body = []
     for kind in args.recurrent:
         for n in envs:
             feed_forward, recurrent = results.median(INPROC, n), results.median(RECURRENT_ROWS[kind], n)
+            cell = results.median(CELL_ROWS[kind], n)
             if feed_forward and recurrent:
                 rates = (f"{args.steps * n / ms * 1e3:,.0f}" for ms in (feed_forward, recurrent))
-                body.append([kind.upper(), str(n), *rates, _ratio(recurrent, feed_forward)])
+                floor = feed_forward + cell if cell else None
+                body.append(
+                    [kind.upper(), str(n), *rates, _ratio(recurrent, feed_forward), _ms(cell), _ratio(recurrent, floor)]
+                )
     if not body:
         return []
-    header = ["policy", "N", "feed-forward env steps/s", "recurrent env steps/s", "time recurrent / feed-forward"]
+    header = [
+        "policy",
+        "N",
+        "feed-forward env steps/s",
+        "recurrent env steps/s",
+        "time recurrent / feed-forward",
+        "bare cell loop ms",
+        "recurrent / (feed-forward + cell loop)",
+    ]
+    cells = " and ".join(f"`nn.{kind.upper()}Cell`" for kind in args.recurrent)  # LSTMCell, GRUCell
     return [
         "",
         f"## Recurrent policy ({RECURRENT_SIZE} units, the same MLPs) against feed-forward, in-process, values "
         "included (`sequence_values` against `chunk_values`)",
         "",
         _table(header, body),
+        "",
+        f"The bare cell loop: {args.steps} steps of {cells} of {RECURRENT_SIZE} units on N rows, no_grad, measured "
+        "in the same rounds: the recurrence's own arithmetic, so feed-forward + cell loop is the floor of a recurrent "
+        "row.",
     ]
 
 

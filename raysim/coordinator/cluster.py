@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 from raysim.actors import Backend, LocalBackend, RayBackend
 from raysim.config import Config, training_shards
 from raysim.coordinator.memory import MemoryNeed, cluster_memory, machine_memory
+from raysim.coordinator.servers import server_request
 
 
 class ResourceError(RuntimeError):
@@ -49,6 +50,9 @@ def needs(config: Config) -> list[Need]:
     found = [Need("shards", training_shards(cfg), shard, "shards.count, shards.num_cpus, shards.resources")]
     if cfg.eval.episodes or cfg.eval.every or cfg.eval.every_steps:
         found.append(Need("evaluation shards", cfg.eval.shards, shard, "eval.shards, shards.num_cpus"))
+    if cfg.shards.placement == "servers":
+        keys = "servers.count, servers.num_cpus, servers.num_gpus, servers.resources"
+        found.append(Need("policy servers", cfg.servers.count, server_request(cfg), keys))
     found.append(
         Need(
             "learner ranks",

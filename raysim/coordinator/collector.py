@@ -33,11 +33,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from raysim.actors import Backend, InputLost
+from raysim.actors import Backend, InputLost, cause, describe
 from raysim.config import Config, shards_awaited
 from raysim.coordinator.roles import Roles, create_shard, shard_request, start_shard
 from raysim.learner.inputs import ChunksLost
 from raysim.rollout import Collection, EnvShard
+from raysim.rollout.server import PolicyServer, ServerLost
 
 
 @dataclass(eq=False)
@@ -51,6 +52,7 @@ class Launch:
     chunk: Any = None
     receipt: Any = None
     state: Any = None  # the shard's state right after this chunk
+    key: Any = None  # policy servers: the key of the weights its shard's server loaded for it (a future)
 
 
 @dataclass(eq=False)
@@ -106,6 +108,7 @@ class Collector:
         self.next_index = config.shards.count  # elastic: the index (and seed) of the next new shard
         self.version = 0  # the learner's version at the batch being formed
         self.lanes = [Lane(deque()) for _ in roles.shards]  # lanes[i]: roles.shards[i]'s
+        self._served: tuple[Any, dict] = (None, {})  # policy servers: the newest weights, each server's key of them
 
     @property
     def states(self) -> list[Any]:
@@ -173,6 +176,7 @@ class Collector:
                 self.next_index + k,
                 generation=self.generation + 1 + k,
                 teacher=self.roles.teacher,
+                servers=self.roles.servers,
             )
             for k in range(add)
         ]
@@ -252,9 +256,13 @@ class Collector:
         return bool(self.backend.wait([launch.receipt], 1, 0))
 
     def _launch(self, i: int, launch: Launch) -> Launch:
-        """``launch`` (its weights and plan) queued on shard ``i``'s actor: a new ``Launch`` with its futures."""
-        futures = self.roles.shards[i].call_split(EnvShard.collect, launch.weights, launch.plan, returns=3)
-        return Launch(launch.weights, launch.version, launch.plan, *futures)
+        """``launch`` (its weights and plan) queued on shard ``i``'s actor: a new ``Launch`` with its futures. With
+        policy servers the shard's server loads the weights first and the shard receives their key."""
+        servers, key, weights = self.roles.servers, None, launch.weights
+        if servers is not None:
+            key = weights = self._key(servers.of(i), weights)
+        futures = self.roles.shards[i].call_split(EnvShard.collect, weights, launch.plan, returns=3)
+        return Launch(launch.weights, launch.version, launch.plan, *futures, key)
 
     def _await_target(self, i: int) -> None:
         """Wait until shard ``i``'s chunk to train on arrived, from a replacement when the shard dies (as often as
@@ -271,11 +279,51 @@ class Collector:
             self.backend.get(lane.queue[position].receipt)
             return True
         except Exception as error:
+            if isinstance(cause(error), ServerLost):
+                self._server_lost(i, error)
+                return False
             if not self.backend.is_actor_failure(error):
                 self.backend.discard(lane.futures())
                 raise
+            if self._key_lost(lane.queue[position]):  # the shard never began: its server died before loading
+                self._server_lost(i, error)
+                return False
             self._recover(i, error)
             return False
+
+    def _key(self, server: int, weights: Any) -> Any:
+        """The key of ``weights`` on policy server ``server`` (a future): loaded once per server and version, the
+        shards of the server share it (a server's replacement loads them again)."""
+        handle = self.roles.servers.handles[server]
+        if self._served[0] is not weights:
+            self._served = (weights, {})
+        keys = self._served[1]
+        if server not in keys or keys[server][0] is not handle:
+            keys[server] = (handle, handle.call(PolicyServer.load, weights))
+        return keys[server][1]
+
+    def _key_lost(self, launch: Launch) -> bool:
+        """Whether ``launch``'s policy server died before it loaded the weights (then its shard could not begin)."""
+        if launch.key is None:
+            return False
+        try:
+            self.backend.get(launch.key)
+            return False
+        except Exception as error:
+            if self.backend.is_actor_failure(error):
+                return True
+            raise
+
+    def _server_lost(self, i: int, error: Exception) -> None:
+        """Shard ``i``'s policy server died while it collected (or before, its key never came): a new server in its
+        place (unless another shard's loss replaced it already), its shards told (evaluation shards too), and shard
+        ``i``'s collections queued again with their weights (a shard that was collecting dropped the chunk in flight
+        and started fresh episodes: ``EnvShard.collect``)."""
+        lane = self.lanes[i]
+        self.backend.discard(lane.futures())
+        self.roles.servers.recover([self.roles.shards, self.roles.eval_shards], describe(error))
+        kept = [launch for launch in lane.queue if self._within_bound(launch)]
+        lane.queue = deque(self._launch(i, launch) for launch in kept)
 
     def _recover(self, i: int, error: Exception, why: str = "died during its rollout") -> None:
         """Shard ``i`` is gone (``why``): a replacement queues its chunks within the bound again, each with the
@@ -311,7 +359,9 @@ class Collector:
             flush=True,
         )
         self.generation += 1
-        replacement = start_shard(self.backend, config, i, generation=self.generation, teacher=self.roles.teacher)
+        replacement = start_shard(
+            self.backend, config, i, generation=self.generation, teacher=self.roles.teacher, servers=self.roles.servers
+        )
         self.roles.replace_shard(i, replacement)
         lane.state = self.roles.shards[i].call(EnvShard.get_state)  # before its first chunk
         kept = [launch for launch in lane.queue if self._within_bound(launch)]

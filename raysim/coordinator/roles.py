@@ -8,11 +8,13 @@ from typing import Any
 from raysim.actors import Backend, Handle
 from raysim.config import Config, training_shards
 from raysim.coordinator.cluster import ResourceError, describe_needs, needs
+from raysim.coordinator.servers import Servers
 from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.registry import materialize
 from raysim.learner import LearnerGroup
 from raysim.rollout import EnvShard
 from raysim.rollout.arrays import ArrayDict
+from raysim.rollout.pipelined import PipelinedShard
 from raysim.seeding import derive_seed
 
 
@@ -29,6 +31,7 @@ class Roles:
     # what a learner starts from beside its config (object refs: ``create_learner``), to build one again
     starts: dict = field(default_factory=dict)
     teacher: Any = None  # distillation's teacher for the training shards (an object ref: ``create_roles``), or None
+    servers: Servers | None = None  # the policy servers the shards ask (shards.placement: servers), or None
 
     def replace_shard(self, index: int, shard: Handle) -> None:
         """Training shard ``index`` is ``shard`` from now on."""
@@ -49,13 +52,20 @@ def shard_request(config: Config) -> dict[str, float]:
 
 
 def create_shard(
-    backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0, teacher: Any = None
+    backend: Backend,
+    config: Config,
+    index: int,
+    evaluation: bool = False,
+    generation: int = 0,
+    teacher: Any = None,
+    servers: Servers | None = None,
 ) -> Handle:
     """Training shard ``index`` (or evaluation shard ``index``) of ``config``.
 
     ``generation`` counts the shards started after the run's first ones (replacements of shards that died,
     elastic additions) over the run: such a shard plays new episodes. ``teacher``: distillation's, for a
-    training shard (``Roles.teacher``). Evaluation
+    training shard (``Roles.teacher``). ``servers``: the policy servers of the ``servers`` placement, of which the
+    shard asks its own (``Servers.caller``) and holds no weights. Evaluation
     shards of a run that films its evaluations (``eval.video``) have envs that draw (``with_pictures``).
     """
     num_envs = config.eval.num_envs if evaluation else config.env.num_envs
@@ -64,10 +74,12 @@ def create_shard(
     env_kwargs = materialize(config.env.id, config.env.kwargs)  # resources as arrays: no file read on a shard
     if evaluation and config.eval.video:
         env_kwargs = with_pictures(config.env.id, env_kwargs)
+    pipelined = servers is not None and not evaluation and config.servers.pipeline > 1
     return backend.create(
-        EnvShard,
+        PipelinedShard if pipelined else EnvShard,
         config.env.id,
         num_envs,
+        **({"groups": config.servers.pipeline} if pipelined else {}),
         seed=seed,
         model=config.model,
         env_kwargs=env_kwargs,
@@ -77,24 +89,31 @@ def create_shard(
         evaluation=evaluation,
         success=config.env.success,
         teacher=teacher,
+        server=None if servers is None else servers.caller(index),
         options={"num_cpus": config.shards.num_cpus, "resources": dict(config.shards.resources)},
     )
 
 
 def start_shard(
-    backend: Backend, config: Config, index: int, evaluation: bool = False, generation: int = 0, teacher: Any = None
+    backend: Backend,
+    config: Config,
+    index: int,
+    evaluation: bool = False,
+    generation: int = 0,
+    teacher: Any = None,
+    servers: Servers | None = None,
 ) -> Handle:
     """``create_shard``, returned once the shard started: a replacement waits for room with a line every few
     seconds, and gives up after ``resources_timeout`` (``TimeoutError``); one that dies before it starts (placed
     on a node that was going) is replaced within that time too."""
-    shards = [create_shard(backend, config, index, evaluation, generation, teacher)]
+    shards = [create_shard(backend, config, index, evaluation, generation, teacher, servers)]
     what = f"replacement for {'evaluation ' if evaluation else ''}shard {index}"
     backend.wait_started(  # one that died before it started never played: the same shard again
         shards,
         EnvShard.spaces,
         what,
         config.resources_timeout,
-        replace=lambda _: create_shard(backend, config, index, evaluation, generation, teacher),
+        replace=lambda _: create_shard(backend, config, index, evaluation, generation, teacher, servers),
     )
     return shards[0]
 
@@ -140,29 +159,36 @@ def create_roles(
     iterations run instead of delaying them (the preflight checked that the cluster has room for every role).
     """
     teacher = None if teacher is None else backend.put(ArrayDict(teacher))
-    shards = [create_shard(backend, config, i, teacher=teacher) for i in range(training_shards(config))]
+    servers = Servers(backend, config, spaces) if config.shards.placement == "servers" else None
+    shards = [
+        create_shard(backend, config, i, teacher=teacher, servers=servers) for i in range(training_shards(config))
+    ]
     starts = {k: backend.put(v) for k, v in (starts or {}).items() if v is not None}
     if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
         backend.request_capacity(shard_request(config), config.shards.max)
     learner = None
     try:
         learner = create_learner(backend, config, spaces, horizon, starts)
+        if servers is not None:
+            servers.wait_started()
         started = backend.wait_started(
             shards,
             EnvShard.spaces,
             "shards",
             config.resources_timeout,
-            replace=lambda i: create_shard(backend, config, i, teacher=teacher),
+            replace=lambda i: create_shard(backend, config, i, teacher=teacher, servers=servers),
         )
     except TimeoutError as error:
-        for handle in [*shards, *(learner.handles if learner else [])]:  # none is left waiting for room
+        started_roles = [*shards, *(learner.handles if learner else []), *(servers.handles if servers else [])]
+        for handle in started_roles:  # none is left waiting for room
             backend.kill(handle)
         raise ResourceError(f"{error}:\n{describe_needs(needs(config))}") from error
     evaluates = config.eval.episodes or config.eval.every or config.eval.every_steps
     eval_shards = [
-        create_shard(backend, config, i, evaluation=True) for i in range(config.eval.shards if evaluates else 0)
+        create_shard(backend, config, i, evaluation=True, servers=servers)
+        for i in range(config.eval.shards if evaluates else 0)
     ]
     if not started and eval_shards:  # no training shards (BC): the evaluation shards know the episode limit
         started = [backend.get(eval_shards[0].call(EnvShard.spaces))]
     max_episode_steps = started[0][2] if started else None
-    return Roles(tuple(shards), eval_shards, learner, max_episode_steps, spaces, starts, teacher)
+    return Roles(tuple(shards), eval_shards, learner, max_episode_steps, spaces, starts, teacher, servers)

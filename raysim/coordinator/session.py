@@ -112,6 +112,7 @@ class Session:
 
 
 def end_roles(backend: Backend, roles: Roles) -> None:
-    """End every actor of ``roles``: training and evaluation shards, learner ranks."""
-    for handle in [*roles.shards, *roles.eval_shards, *roles.learner.handles]:
+    """End every actor of ``roles``: training and evaluation shards, learner ranks, policy servers."""
+    servers = roles.servers.handles if roles.servers is not None else []
+    for handle in [*roles.shards, *roles.eval_shards, *roles.learner.handles, *servers]:
         backend.kill(handle)

@@ -43,17 +43,26 @@ def evaluate_iteration(session: Session, iteration: int) -> EvalReport:
     """Evaluate the session's current weights (those of ``iteration``) and write its records."""
     cfg, backend, roles, storage = session.config, session.backend, session.roles, session.storage
     faults.on_phase("eval", iteration, session)
-    filming = film_into(storage, f"{VIDEOS}/{iteration}.mp4", cfg.eval) if cfg.eval.video else nullcontext()
-    with filming as film:
-        report = evaluate_on_shards(
-            backend,
-            lambda i: start_shard(backend, cfg, i, evaluation=True),
-            roles.eval_shards,
-            [cfg.eval.num_envs] * len(roles.eval_shards),
-            session.weights,
-            EvalSpec.of(cfg.eval, roles.max_episode_steps),
-            film=film,
-        )
+    while True:
+        filming = film_into(storage, f"{VIDEOS}/{iteration}.mp4", cfg.eval) if cfg.eval.video else nullcontext()
+        try:
+            weights = session.weights
+            if roles.servers is not None:  # the shards act through the servers: each holds the weights, one key
+                weights = backend.get(roles.servers.load(weights))[0]
+            with filming as film:
+                report = evaluate_on_shards(
+                    backend,
+                    lambda i: start_shard(backend, cfg, i, evaluation=True, servers=roles.servers),
+                    roles.eval_shards,
+                    [cfg.eval.num_envs] * len(roles.eval_shards),
+                    weights,
+                    EvalSpec.of(cfg.eval, roles.max_episode_steps),
+                    film=film,
+                )
+            break
+        except Exception as error:  # a policy server that died: replaced, the evaluation played again (by index)
+            if roles.servers is None or not roles.servers.recover([roles.shards, roles.eval_shards], describe(error)):
+                raise
     write_evaluation(storage, iteration, report.records)
     return report
 

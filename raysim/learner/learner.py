@@ -34,22 +34,13 @@ from raysim.learner.window import (
     sampling_sums,
     to_host,
 )
-from raysim.models import ActorCritic, ModelConfig, load_pretrained
+from raysim.models import ActorCritic, ModelConfig, load_pretrained, resolve_device
 from raysim.models.normalizer import merge_across_ranks, moments
 from raysim.rollout import RolloutChunk
 from raysim.rollout.arrays import ArrayDict
 from raysim.seeding import derive_seed
 
 LR_SCHEDULES = ("constant", "linear")
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto``: the GPU Ray assigned to this process when there is one, else the CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"learner.device is {device!r} but no GPU is visible here (learner.num_gpus > 0?)")
-    return torch.device(device)
 
 
 class Learner:

@@ -4,6 +4,7 @@ They sit below ``raysim.rollout`` (a shard acts with the ``Actor``; the learner 
 the ``Critic``) and know nothing of rollouts, algorithms or Ray.
 """
 
+from raysim.models.device import resolve_device
 from raysim.models.fused import MLPInference
 from raysim.models.networks import (
     Actor,
@@ -12,13 +13,14 @@ from raysim.models.networks import (
     ModelConfig,
     actor_state,
     sample_categorical,
-    to_action_space,
 )
 from raysim.models.normalizer import RunningNorm
 from raysim.models.pretrained import load_pretrained
 from raysim.models.recurrent import RecurrentCore, RowMemory
+from raysim.models.sampling import ActionSampling, to_action_space
 
 __all__ = [
+    "ActionSampling",
     "Actor",
     "ActorCritic",
     "Critic",
@@ -29,6 +31,7 @@ __all__ = [
     "RunningNorm",
     "actor_state",
     "load_pretrained",
+    "resolve_device",
     "sample_categorical",
     "to_action_space",
 ]

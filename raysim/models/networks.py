@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 
@@ -40,8 +39,8 @@ from raysim.models.encoders import CNNS
 from raysim.models.inputs import GroupInputs, critic_groups
 from raysim.models.recurrent import RECURRENT, RecurrentCore, RowMemory
 from raysim.models.rowwise import rowwise
+from raysim.models.sampling import ActionSampling, to_action_space
 from raysim.schema import setting
-from raysim.seeding import keyed_normal, keyed_uniform
 
 
 class Tanh(nn.Module):
@@ -132,10 +131,6 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     return layer
 
 
-def _flat_dim(space: gym.Space) -> int:
-    return int(math.prod(space.shape)) if space.shape else 1
-
-
 class Actor(GroupInputs):
     """The policy: the groups ``model.actor_inputs`` (a dict of them, or the one tensor) to an action distribution.
 
@@ -144,25 +139,18 @@ class Actor(GroupInputs):
 
     def __init__(self, observation_spaces: dict[str, gym.Space], action_space: gym.Space, config: ModelConfig):
         super().__init__(observation_spaces, config.actor_inputs, "model.actor_inputs", config)
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if not self.discrete and not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(f"action space {action_space} is not supported (Discrete or Box)")
-        out_dim = int(action_space.n) if self.discrete else _flat_dim(action_space)
+        self.sampling = ActionSampling(action_space, config.action_transform)
+        self.discrete = self.sampling.discrete
+        out_dim = self.sampling.width
         recurrent = config.recurrent != "none"
         self.core = RecurrentCore(config.recurrent, self.in_dim, config.recurrent_size) if recurrent else None
         net_in = self.core.size if self.core is not None else self.in_dim
         self.net = mlp(net_in, config.hidden_sizes, out_dim, config.activation, 0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
-            low = torch.tensor(np.asarray(action_space.low, dtype=np.float32)).reshape(-1)  # a copy: the
-            high = torch.tensor(np.asarray(action_space.high, dtype=np.float32)).reshape(
-                -1
-            )  # space's arrays are read-only
-            self.register_buffer("action_low", low, persistent=False)
-            self.register_buffer("action_high", high, persistent=False)
-            self.squash = config.action_transform == "squash"
-            if config.action_transform not in ("clip", "squash"):
-                raise ValueError(f"model.action_transform must be 'clip' or 'squash', got {config.action_transform!r}")
+            self.register_buffer("action_low", self.sampling.low.clone(), persistent=False)  # moved with the actor
+            self.register_buffer("action_high", self.sampling.high.clone(), persistent=False)
+            self.squash = self.sampling.squash
 
     def forward(
         self,
@@ -214,17 +202,24 @@ class Actor(GroupInputs):
         ``memory``: as in ``forward``.
         """
         out = self(obs, by_row, memory=memory)
+        return self.act_with(out, self.draws(out.shape[0], generator, keys))
+
+    def draws(
+        self, rows: int, generator: torch.Generator | None = None, keys: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """What sampling ``rows`` actions draws (``ActionSampling.draws``), apart from the forward pass: the rows'
+        process draws them and a policy server acts with them (``act_with``)."""
+        return self.sampling.draws(rows, generator, keys)
+
+    def act_with(self, out: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The action and its log-probability for the network's output ``out`` and the rows' ``draws``: the argmax of
+        ``probs / draws`` (``sample_categorical``), or ``mean + draws * std``."""
         if self.discrete:
             log_probs = out.log_softmax(-1)
-            uniform = None if keys is None else keyed_uniform(*keys, out.shape[-1])
-            action = sample_categorical(log_probs.exp(), generator, uniform=uniform)
+            action = torch.div(log_probs.exp(), draws).argmax(-1)
             return action, log_probs.gather(1, action.unsqueeze(1)).squeeze(1)
-        if keys is None:
-            noise = torch.randn(out.shape, generator=generator, dtype=out.dtype, device=out.device)
-        else:
-            noise = keyed_normal(*keys, out.shape[-1], out.dtype)
-        action = out + noise * self.log_std.exp()
-        logp = -0.5 * noise.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
+        action = out + draws * self.log_std.exp()
+        logp = -0.5 * draws.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
         return action, logp
 
     def deterministic(
@@ -264,16 +259,6 @@ class Actor(GroupInputs):
         if self.discrete:
             return action
         return to_action_space(action, self.action_low, self.action_high, self.squash)
-
-
-def to_action_space(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor, squash: bool) -> torch.Tensor:
-    """A continuous action mapped into ``[low, high]``: ``tanh`` scaled into it (``squash``) or clipped.
-
-    The one mapping of the shards, evaluation and exported policies (TorchScript compiles it too).
-    """
-    if squash:
-        return low + (torch.tanh(action) + 1) * 0.5 * (high - low)
-    return torch.maximum(torch.minimum(action, high), low)
 
 
 def sample_categorical(

@@ -38,6 +38,10 @@ class RolloutChunk:
     # a recurrent actor's (model.recurrent), so the learner replays the rows' sequences; None otherwise:
     state0: torch.Tensor | None = None  # [N, S] each row's state before obs[0] (zeroed where starts[0])
     starts: torch.Tensor | None = None  # [T+1, N] bool, obs[t] starts an episode of the row: its state is zeroed first
+    # the core's output at each observation as the acting shard computed it, and the state of each final_obs's row
+    # after its episode's last observation: the learner's values read them instead of replaying (``sequence_values``)
+    memory: torch.Tensor | None = None  # [T+1, N, size]
+    final_state: torch.Tensor | None = None  # [K, S]
     # GRPO's dynamic sampling (``raysim.rollout.dynamic_sampling``; all 0 without it): the groups played for this
     # chunk, those left out of it, the uninformative ones kept because the rounds ran out, and the valid transitions
     # of those left out (their episodes are in ``episodes``, with ``row`` -1)
@@ -75,3 +79,41 @@ class RolloutChunk:
 
 def _rebuild_chunk(state: dict) -> RolloutChunk:
     return RolloutChunk(**from_arrays(state))
+
+
+def concat_rows(chunks: list[RolloutChunk]) -> RolloutChunk:
+    """One chunk of the rows of several chunks of the same steps, in order (a pipelined worker's groups of rows:
+    ``raysim.rollout.pipelined``): per-step tensors joined along the rows, the finished rows' and the episodes' row
+    indices moved by the rows before them, the counts summed."""
+    first, offsets = chunks[0], [0]
+    for chunk in chunks[:-1]:
+        offsets.append(offsets[-1] + chunk.num_envs)
+
+    def rows(name: str, dim: int = 1) -> torch.Tensor | None:
+        values = [getattr(c, name) for c in chunks]
+        return None if values[0] is None else torch.cat(values, dim)
+
+    episodes = {k: torch.cat([c.episodes[k] for c in chunks]) for k in first.episodes}
+    episodes["row"] = torch.cat([c.episodes["row"] + o for c, o in zip(chunks, offsets, strict=True)])
+    return RolloutChunk(
+        obs={g: torch.cat([c.obs[g] for c in chunks], 1) for g in first.obs},
+        actions=rows("actions"),
+        logp=rows("logp"),
+        reward=rows("reward"),
+        terminated=rows("terminated"),
+        truncated=rows("truncated"),
+        mask=rows("mask"),
+        final_obs={g: torch.cat([c.final_obs[g] for c in chunks]) for g in first.final_obs},
+        final_t=rows("final_t", 0),
+        final_row=torch.cat([c.final_row + o for c, o in zip(chunks, offsets, strict=True)]),
+        episodes=episodes,
+        policy_version=first.policy_version,
+        shard=first.shard,
+        nonfinite=sum(c.nonfinite for c in chunks),
+        fresh=all(c.fresh for c in chunks),
+        state0=rows("state0", 0),
+        starts=rows("starts"),
+        memory=rows("memory"),
+        final_state=rows("final_state", 0),
+        labels=rows("labels"),
+    )

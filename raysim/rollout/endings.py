@@ -28,9 +28,9 @@ from typing import Protocol
 import torch
 
 from raysim.envs.contract import BatchedEnv, Obs, Step
-from raysim.models import Actor, RowMemory
+from raysim.models import ActionSampling, RowMemory
 from raysim.rollout.chunk import RolloutChunk
-from raysim.rollout.policies import EvalPolicy, LearnedPolicy, scripted_policy
+from raysim.rollout.policies import EvalPolicy, scripted_policy
 from raysim.rollout.teacher import Teacher
 from raysim.rollout.trajectories import Trajectories
 from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_seed
@@ -122,7 +122,7 @@ class Acting(Protocol):
 
     env_id: str
     env: BatchedEnv
-    actor: Actor
+    sampling: ActionSampling  # the actor's action distribution (the shard's actor may be on a policy server)
     generator: torch.Generator
     seed: int
     shard_index: int
@@ -140,6 +140,10 @@ class Acting(Protocol):
     def restart_rows(self, step: Step, rows: torch.Tensor) -> int: ...
 
     def take_fresh(self) -> bool: ...
+
+    def peek(self, obs: Obs) -> torch.Tensor: ...
+
+    def learned_policy(self, deterministic: bool) -> EvalPolicy: ...
 
 
 class Ending:
@@ -165,7 +169,7 @@ class Ending:
     @property
     def env_action(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """How the env receives ``act``'s actions (read once per run): the actor's, mapped into the action space."""
-        return self.shard.actor.env_action
+        return self.shard.sampling.env_action
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         """After the env stepped; ``bad`` marks rows whose non-finite values were discarded (or None)."""
@@ -189,13 +193,9 @@ class ChunkBuffer:
         self.terminated = torch.empty(T, N, dtype=torch.bool)
         self.truncated = torch.empty(T, N, dtype=torch.bool)
         self.mask = torch.ones(T, N, dtype=torch.bool)
-        actor = shard.actor  # actions are sampled straight into the buffers
-        self.sample = shard.sample_discrete if actor.discrete else shard.sample_gaussian
-        self.actions = (
-            torch.empty(T, N, dtype=torch.int64)
-            if actor.discrete
-            else torch.empty(T, N, actor.log_std.numel(), dtype=actor.log_std.dtype)
-        )
+        sampling = shard.sampling  # actions are sampled straight into the buffers
+        self.sample = shard.sample_discrete if sampling.discrete else shard.sample_gaussian
+        self.actions = torch.empty(T, N, dtype=torch.int64) if sampling.discrete else torch.empty(T, N, sampling.width)
         self.finals: list[tuple[int, Step]] = []
         self.nonfinite = 0
         # per-step views made once per chunk (one unbind each instead of an indexing call per step)
@@ -208,6 +208,10 @@ class ChunkBuffer:
         memory = shard.memory  # a recurrent actor's: the rows' state before obs[0], and where episodes start
         self.state0 = None if memory is None else memory.state.clone()
         self.starts = None if memory is None else torch.empty(T + 1, N, dtype=torch.bool)
+        # and its core's output at every observation, the state of every final_obs's row (the learner's values)
+        self.memory = None if memory is None else torch.empty(T + 1, N, memory.size)
+        self.memory_t = None if memory is None else self.memory.unbind(0)
+        self.final_states: list[torch.Tensor] = []
 
     def observe(self, t: int, obs: Obs) -> None:
         for k, v in obs.items():
@@ -220,6 +224,8 @@ class ChunkBuffer:
         label too, and the teacher's action in the rows it acts for (the log-probability stays the student's
         sample's: distillation does not read it)."""
         action = self.sample(obs, self.actions_t[t], self.logp_t[t])
+        if self.memory is not None:
+            self.memory_t[t].copy_(self.shard.memory.output)
         if self.teacher is None:
             return action
         label = self.labels[t]
@@ -237,6 +243,8 @@ class ChunkBuffer:
         self.truncated_t[t].copy_(step.truncated)
         if step.done_rows.numel():
             self.finals.append((t, step))
+            if self.memory is not None:  # the state after the rows' last observation of the episode
+                self.final_states.append(self.shard.memory.state[step.done_rows])
 
     def build(self, steps: int, last_obs: Obs, episodes: dict[str, torch.Tensor] | None = None) -> RolloutChunk:
         """The chunk of the first ``steps`` steps; ``episodes`` default to the finished rows' reports."""
@@ -244,6 +252,7 @@ class ChunkBuffer:
             self.obs[k][steps].copy_(v)
         if self.starts is not None:
             self.starts[steps] = self.shard.memory.starting
+            self.memory[steps] = self.shard.peek(last_obs)
         finals = self.finals
         final_obs = (
             {k: torch.cat([s.final_obs[k] for _, s in finals]) for k in self.obs}
@@ -280,6 +289,8 @@ class ChunkBuffer:
             fresh=self.shard.take_fresh(),
             state0=self.state0,
             starts=None if self.starts is None else kept(self.starts, 1),
+            memory=None if self.memory is None else kept(self.memory, 1),
+            final_state=None if self.memory is None else torch.cat([self.state0[:0], *self.final_states]),  # [K, S]
             labels=None if self.labels is None else kept(self.labels),
         )
 
@@ -488,9 +499,7 @@ class EvalEnding(Ending):
         self.results: list[tuple[dict, dict]] = []
         self.excluded = 0
         self.policy: EvalPolicy = (
-            LearnedPolicy(shard.actor, shard.memory, plan.deterministic)
-            if plan.policy is None
-            else scripted_policy(plan.policy, shard.env)
+            shard.learned_policy(plan.deterministic) if plan.policy is None else scripted_policy(plan.policy, shard.env)
         )
         self.trajectories = Trajectories(shard.env) if plan.trajectories else None
         if self.trajectories is not None and not self.by_index:

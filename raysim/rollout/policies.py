@@ -14,6 +14,7 @@ policy: None is the learned actor, ``SCRIPTED`` the others, which need no weight
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import gymnasium as gym
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from raysim.envs.contract import BatchedEnv, Obs
-from raysim.models import Actor, RowMemory
+from raysim.models import ActionSampling, Actor, RowMemory
 from raysim.seeding import keyed_uniform
 
 SCRIPTED = ("expert", "random")  # the policies that need no weights (``EvalEpisodes.policy``)
@@ -51,6 +52,20 @@ class LearnedPolicy:
         if self.deterministic:
             return self.actor.deterministic(obs, by_row=True, memory=self.memory)
         return self.actor.sample(obs, keys=keys, by_row=True, memory=self.memory)[0]
+
+
+class ServedPolicy:
+    """The learned actor on a policy server (``shards.placement: servers``): each row computed alone there, as
+    ``LearnedPolicy`` computes it, from the draws made here (a stochastic evaluation's keyed noise). ``ask``: the
+    shard's request for its rows' actions (``EnvShard.ask``)."""
+
+    def __init__(self, ask: Callable[..., torch.Tensor], sampling: ActionSampling, deterministic: bool):
+        self.ask, self.sampling, self.deterministic = ask, sampling, deterministic
+        self.env_action = sampling.env_action
+
+    def act(self, obs: Obs, keys: Keys) -> torch.Tensor:
+        draws = None if self.deterministic else self.sampling.draws(keys[0].shape[0], keys=keys)
+        return self.ask(obs, draws, by_row=True)
 
 
 class RandomPolicy:

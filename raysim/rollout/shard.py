@@ -15,6 +15,7 @@ rows' running episodes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ import torch
 from raysim.envs import FrameStackConfig, make, stacked
 from raysim.envs.contract import Obs, Step
 from raysim.envs.messages import captured
-from raysim.models import Actor, MLPInference, ModelConfig, RowMemory, sample_categorical
+from raysim.models import ActionSampling, Actor, MLPInference, ModelConfig, RowMemory, sample_categorical
 from raysim.rollout.arrays import ArrayDict
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.dynamic_sampling import sample_groups
@@ -38,9 +39,11 @@ from raysim.rollout.endings import (
     Scoring,
 )
 from raysim.rollout.inference import inference
+from raysim.rollout.policies import EvalPolicy, LearnedPolicy, ServedPolicy
 from raysim.rollout.recording import Part, RecordedEval
+from raysim.rollout.server import ActReply, ActRequest, ServerLost
 from raysim.rollout.teacher import Teacher, TeacherWeights
-from raysim.seeding import derive_seed
+from raysim.seeding import SERVER_LOST, derive_seed
 
 ON_NONFINITE = ("raise", "mask")
 
@@ -56,6 +59,9 @@ class EnvShard:
     ``evaluation``: the env as evaluation plays it (``raysim.envs.make``): an evaluation shard's.
     ``teacher`` (``TeacherWeights``, distillation): another run's actor that labels every training step
     (``RolloutChunk.labels``); sent once, here, never with the student's weights.
+    ``server`` (``shards.placement: servers``): its policy server's ``act`` (``raysim.rollout.server``); the shard
+    then holds no weights: it draws its rows' noise, sends it with their observations and recurrent state, and
+    builds the same chunk from the replies (its "weights" are the key of the version its server holds).
     ``on_nonfinite``: ``raise`` (default) stops with the env id, row and step of a non-finite
     observation or reward; ``mask`` drops that row's transition from the chunk (``mask`` False),
     restarts the row's episode and counts it in ``chunk.nonfinite``.
@@ -74,6 +80,7 @@ class EnvShard:
         evaluation: bool = False,
         success: str | None = None,
         teacher: TeacherWeights | None = None,
+        server: Callable[[ActRequest], ActReply] | None = None,
     ):
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -86,9 +93,20 @@ class EnvShard:
             env = make(env_id, num_envs, seed=seed, evaluation=evaluation, success=success, **dict(env_kwargs or {}))
             self.env = stacked(env, frame_stack)
         model = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
-        self.actor = Actor(self.env.observation_spaces, self.env.action_space, model)
+        self.server, self.inputs = server, list(model.actor_inputs)
+        self.actor = None if server else Actor(self.env.observation_spaces, self.env.action_space, model)
+        self.sampling = (
+            self.actor.sampling if self.actor else ActionSampling(self.env.action_space, model.action_transform)
+        )
         # a recurrent actor's state per row (model.recurrent), zeroed where a row's episode starts
-        self.memory = None if self.actor.core is None else RowMemory(self.actor.core, self.env.num_envs)
+        self.memory = None
+        if model.recurrent != "none":
+            rows = self.env.num_envs
+            self.memory = (
+                RowMemory.served(model.recurrent, model.recurrent_size, rows)
+                if server
+                else RowMemory(self.actor.core, rows, fused=True)
+            )
         self.teacher = None if teacher is None else Teacher(teacher, self.env.observation_spaces, self.env.action_space)
         self.generator = torch.Generator()
         self.generator.manual_seed(derive_seed(seed, 1))
@@ -99,6 +117,7 @@ class EnvShard:
         self.resets = 0  # restarts of rows after a non-finite value (part of their reset seeds)
         self.group_rounds = 0  # GRPO rounds played (part of the group reset seeds)
         self.fresh = True  # the rows start fresh episodes: the next chunk says so (``RolloutChunk.fresh``)
+        self.server_losses = 0  # times its policy server died while it collected (a key of its fresh episodes)
         self._acting: FusedActing | None = None  # the actor as this acting run samples it (``act`` resets it)
         self._recording: RecordedEval | None = None  # the evaluation ``record`` films, part by part
 
@@ -115,8 +134,20 @@ class EnvShard:
         exists without pulling the chunk itself through the driver. The state stays in the object
         store, ready for a checkpoint of this iteration.
         """
-        chunk = self.rollout(weights, plan)
+        steps, rounds = self.steps_done, self.group_rounds
+        try:
+            chunk = self.rollout(weights, plan)
+        except ServerLost:  # the steps in flight are lost: fresh episodes, the same collection asked again
+            self.abandon(steps, rounds)
+            raise
         return chunk, {"shard": self.shard_index, "env_steps": chunk.env_steps}, self.get_state()
+
+    def abandon(self, steps: int, rounds: int) -> None:
+        """Drop the collection that began with ``steps`` taken and ``rounds`` played (its policy server died): the
+        counters go back, the rows start fresh episodes; the coordinator asks for the collection again."""
+        self.steps_done, self.group_rounds = steps, rounds
+        self.server_losses += 1
+        self.start_fresh(derive_seed(SERVER_LOST, self.server_losses, steps))
 
     def rollout(self, weights: dict, plan: Collection | int) -> RolloutChunk:
         """Act with ``weights`` as ``plan`` says (an int: ``FixedSteps`` of that many steps); the chunk. A
@@ -226,12 +257,16 @@ class EnvShard:
         if self.memory is not None:
             self.memory.restart(torch.arange(self.env.num_envs))
 
-    def set_weights(self, weights: dict) -> None:
-        """Load the actor weights ``{"version": v, "timeline": t, "actor": state_dict}`` unless already loaded.
+    def set_weights(self, weights: dict | tuple) -> None:
+        """Load the actor weights ``{"version": v, "timeline": t, "actor": state_dict}`` unless already loaded; on a
+        worker of policy servers, take the key ``(timeline, version)`` of the weights its server holds.
 
         Weights are known by (timeline, version): after a rewind to an older checkpoint a version number comes
         round again with other weights (``timeline`` is optional: None for weights that name no timeline).
         """
+        if self.server is not None:
+            self.timeline, self.version = weights
+            return
         if (weights.get("timeline"), weights["version"]) != (self.timeline, self.version):
             self.actor.load_state_dict(weights["actor"])
             self.version, self.timeline = weights["version"], weights.get("timeline")
@@ -253,7 +288,7 @@ class EnvShard:
         self._acting = None  # built again at this run's first step, with the weights it acts with
         env_action = ending.env_action  # the actor's mapping into the action space; a scripted policy's own
         try:
-            with inference(self.actor):
+            with inference(self.actor) if self.actor is not None else torch.no_grad():
                 while ending.running(t):
                     ending.observe(t, obs)
                     step = self.env.step(env_action(ending.act(t, obs)))
@@ -277,6 +312,8 @@ class EnvShard:
 
     def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         """``Actor.sample`` for a discrete actor, bitwise, written into ``action`` [N] and ``logp`` [N]."""
+        if self.server is not None:
+            return self._sample_served(obs, action, logp)
         acting = self._fused_acting()
         if acting is None:
             return self._sample_into(obs, action, logp)
@@ -290,6 +327,8 @@ class EnvShard:
         """``Actor.sample`` for a continuous actor, bitwise, written into ``action`` [N, D] and ``logp`` [N]: the same
         normal draws from the generator, then ``mean + noise * std`` and ``-0.5 * sum(noise^2) - sum(log_std)
         - D log(2 pi) / 2``, each operation as ``Actor.sample`` does it, in place."""
+        if self.server is not None:
+            return self._sample_served(obs, action, logp)
         acting = self._fused_acting()
         if acting is None:
             return self._sample_into(obs, action, logp)
@@ -300,6 +339,53 @@ class EnvShard:
         torch.sum(torch.square(noise, out=acting.second), -1, out=logp)
         logp.mul_(-0.5).sub_(acting.log_std_sum).sub_(0.5 * math.log(2 * math.pi) * mean.shape[-1])
         return action
+
+    def _sample_served(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        """``Actor.sample`` on the policy server: the draws made here from the generator, as the collocated shard
+        makes them; the action and its log-probability written into ``action`` and ``logp``."""
+        reply = self.ask(obs, self.sampling.draws(action.shape[0], self.generator))
+        action.copy_(reply.action)
+        logp.copy_(reply.logp)
+        return action
+
+    def ask(self, obs: Obs, draws: torch.Tensor | None, by_row: bool = False, peek: bool = False) -> ActReply:
+        """The policy server's reply for the rows (``ActRequest``); their recurrent state moves on, unless ``peek``
+        (the core's output at ``obs``, the state left as it is)."""
+        memory = self.memory
+        request = ActRequest(
+            (self.timeline, self.version),
+            {g: obs[g] for g in self.inputs},
+            draws,
+            None if memory is None else memory.state,
+            None if memory is None else memory.starting,
+            by_row,
+            peek,
+        )
+        reply = self.server(request)
+        if memory is not None and not peek:
+            memory.state, memory.output = reply.state, reply.output
+            memory.starting.fill_(False)
+        return reply
+
+    def peek(self, obs: Obs) -> torch.Tensor:
+        """A recurrent actor's core output at ``obs``, its rows' state left as it is (a chunk's last observation)."""
+        if self.server is not None:
+            return self.ask(obs, None, peek=True).output
+        actor = self.actor
+        with inference(actor):
+            return self.memory.peek(actor.core, actor.features(obs))
+
+    def learned_policy(self, deterministic: bool) -> EvalPolicy:
+        """The learned actor as evaluation plays it: each row alone, here or on the policy server."""
+        if self.server is not None:
+            return ServedPolicy(
+                lambda obs, draws, by_row: self.ask(obs, draws, by_row).action, self.sampling, deterministic
+            )
+        return LearnedPolicy(self.actor, self.memory, deterministic)
+
+    def use_server(self, server: Callable[[ActRequest], ActReply]) -> None:
+        """Ask ``server`` from now on (a replacement of the one that died)."""
+        self.server = server
 
     def _sample_into(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         """``Actor.sample`` through the actor's own forward (a CNN's), copied into ``action`` and ``logp``."""

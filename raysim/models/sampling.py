@@ -1,0 +1,69 @@
+"""``ActionSampling``: what acting needs of a policy besides its network: the distribution's kind and width, the
+draws of a sample, and the map into the env's action space.
+
+The ``Actor`` owns one. An env worker of the ``servers`` placement (``raysim.rollout.server``) holds one and no
+weights: it draws its rows' noise as a collocated shard draws it, a server turns the draws into actions
+(``Actor.act_with``), and the worker maps them into the action space.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from raysim.seeding import keyed_normal, keyed_uniform
+
+
+class ActionSampling:
+    """A categorical over ``Discrete(n)`` or a Gaussian over a ``Box``, with ``model.action_transform``."""
+
+    def __init__(self, action_space: gym.Space, action_transform: str = "clip"):
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if not self.discrete and not isinstance(action_space, gym.spaces.Box):
+            raise ValueError(f"action space {action_space} is not supported (Discrete or Box)")
+        if action_transform not in ("clip", "squash"):
+            raise ValueError(f"model.action_transform must be 'clip' or 'squash', got {action_transform!r}")
+        self.width = int(action_space.n) if self.discrete else int(math.prod(action_space.shape or (1,)))
+        if not self.discrete:  # copies: the space's arrays are read-only
+            self.low = torch.tensor(np.asarray(action_space.low, dtype=np.float32)).reshape(-1)
+            self.high = torch.tensor(np.asarray(action_space.high, dtype=np.float32)).reshape(-1)
+            self.squash = action_transform == "squash"
+
+    def draws(
+        self,
+        rows: int,
+        generator: torch.Generator | None = None,
+        keys: tuple[torch.Tensor, torch.Tensor] | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """What sampling ``rows`` actions draws: standard normals [rows, D] (Gaussian) or Exp(1) variates [rows, K]
+        (categorical: ``sample_categorical``'s), float32, from ``generator`` or the ``keys``' counter-based noise
+        (``raysim.seeding``); written into ``out`` when given."""
+        if keys is not None:
+            drawn = (
+                keyed_uniform(*keys, self.width).log().neg_().float()
+                if self.discrete
+                else keyed_normal(*keys, self.width, torch.float32)
+            )
+            return drawn if out is None else out.copy_(drawn)
+        out = torch.empty((rows, self.width)) if out is None else out
+        return out.exponential_(1, generator=generator) if self.discrete else out.normal_(generator=generator)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """The action the env receives for a sampled one (continuous: clipped or squashed)."""
+        if self.discrete:
+            return action
+        return to_action_space(action, self.low, self.high, self.squash)
+
+
+def to_action_space(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor, squash: bool) -> torch.Tensor:
+    """A continuous action mapped into ``[low, high]``: ``tanh`` scaled into it (``squash``) or clipped.
+
+    The one mapping of the shards, the workers, evaluation and exported policies (TorchScript compiles it too).
+    """
+    if squash:
+        return low + (torch.tanh(action) + 1) * 0.5 * (high - low)
+    return torch.maximum(torch.minimum(action, high), low)
