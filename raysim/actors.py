@@ -224,8 +224,9 @@ class Backend:
         """How many more actors asking for ``request`` fit in the resources free right now."""
         return 0
 
-    def request_capacity(self, request: dict[str, float], count: int) -> None:
-        """Ask the cluster's autoscaler for room for ``count`` such actors (no-op without one)."""
+    def request_capacity(self, requests: list[tuple[dict[str, float], int]]) -> None:
+        """Ask the cluster's autoscaler for room for every ``(request, count)``: ``count`` actors asking for
+        ``request`` each (no-op without one). One call states the whole need (Ray's request replaces the last)."""
 
 
 def internal_resource(name: str) -> bool:
@@ -413,7 +414,9 @@ class RayBackend(Backend):
         free = self.ray.available_resources()
         return int(min(free.get(k, 0.0) // v for k, v in request.items() if v > 0))
 
-    def request_capacity(self, request: dict[str, float], count: int) -> None:
+    def request_capacity(self, requests: list[tuple[dict[str, float], int]]) -> None:
         from ray.autoscaler.sdk import request_resources
 
-        request_resources(bundles=[{k: v for k, v in request.items() if v > 0}] * count)
+        request_resources(
+            bundles=[{k: v for k, v in r.items() if v > 0} for r, count in requests for _ in range(count)]
+        )

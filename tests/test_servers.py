@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import raysim
+from raysim.actors import LocalBackend
 from raysim.checkpoint import locate_checkpoint
 from raysim.cli import main
 from raysim.coordinator import Trainer, faults
@@ -418,3 +419,11 @@ def test_a_pipeline_that_cannot_work_is_refused_naming_the_keys(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_elastic_run_asks_the_autoscaler_for_its_servers_beside_its_shards(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(LocalBackend, "request_capacity", lambda self, requests: asked.append(requests))
+    elastic = [*TINY, "backend=local", "shards.placement=servers", "shards.max=3", "servers.num_gpus=0.5"]
+    train(tmp_path / "run", [*elastic, "train.total_steps=256"])
+    assert asked == [[({"CPU": 1.0}, 3), ({"CPU": 1.0, "GPU": 0.5}, 1)]]

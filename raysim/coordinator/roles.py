@@ -8,7 +8,7 @@ from typing import Any
 from raysim.actors import Backend, Handle
 from raysim.config import Config, training_shards
 from raysim.coordinator.cluster import ResourceError, describe_needs, needs
-from raysim.coordinator.servers import Servers
+from raysim.coordinator.servers import Servers, server_request
 from raysim.envs.gym_adapter import with_pictures
 from raysim.envs.registry import materialize
 from raysim.learner import LearnerGroup
@@ -164,8 +164,9 @@ def create_roles(
         create_shard(backend, config, i, teacher=teacher, servers=servers) for i in range(training_shards(config))
     ]
     starts = {k: backend.put(v) for k, v in (starts or {}).items() if v is not None}
-    if config.shards.max:  # elastic: let an autoscaler know how many shards the run could use
-        backend.request_capacity(shard_request(config), config.shards.max)
+    if config.shards.max:  # elastic: let an autoscaler know how many shards (and servers) the run could use
+        served = [(server_request(config), config.servers.count)] if servers is not None else []
+        backend.request_capacity([(shard_request(config), config.shards.max), *served])
     learner = None
     try:
         learner = create_learner(backend, config, spaces, horizon, starts)
