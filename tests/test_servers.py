@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from raysim.checkpoint import locate_checkpoint
 from raysim.cli import main
 from raysim.coordinator import Trainer, faults
 from raysim.coordinator.collector import Collector
+from raysim.coordinator.servers import Servers
 from raysim.coordinator.session import Session
 from raysim.envs import make
 from raysim.models import Actor, ModelConfig
@@ -427,3 +430,20 @@ def test_an_elastic_run_asks_the_autoscaler_for_its_servers_beside_its_shards(tm
     elastic = [*TINY, "backend=local", "shards.placement=servers", "shards.max=3", "servers.num_gpus=0.5"]
     train(tmp_path / "run", [*elastic, "train.total_steps=256"])
     assert asked == [[({"CPU": 1.0}, 3), ({"CPU": 1.0, "GPU": 0.5}, 1)]]
+
+
+def test_raysim_eval_of_a_run_with_policy_servers_plays_on_a_server_the_collocated_episodes(tmp_path, monkeypatch):
+    made = []
+    evaluating = sys.modules["raysim.coordinator.evaluate"]  # the module (the package exports a function of its name)
+    monkeypatch.setattr(evaluating, "Servers", lambda *args: made.append(Servers(*args)) or made[-1])
+    runs = {
+        placement: train(tmp_path / placement, [*TINY, "backend=local", f"shards.placement={placement}"])
+        for placement in ("servers", "collocated")
+    }
+    for placement, run in runs.items():
+        assert (
+            main(["eval", run.run_dir, "--local", "--episodes", "6", "--out", str(tmp_path / f"{placement}.parquet")])
+            == 0
+        )
+    served, collocated = (pq.read_table(tmp_path / f"{p}.parquet").to_pylist() for p in runs)
+    assert len(made) == 1 and len(served) == 6 and served == collocated  # one server, for the servers run's eval

@@ -12,6 +12,7 @@ from raysim.config import Config, ConfigError, load_config, load_run_config
 from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.preflight import check_env_and_model, check_policy, check_renders
 from raysim.coordinator.roles import create_shard
+from raysim.coordinator.servers import Servers
 from raysim.evaluation import EvalReport, EvalSpec, evaluate_on_shards, write_records
 from raysim.models import actor_state
 from raysim.recording import Film
@@ -116,22 +117,27 @@ def evaluate_config(
 ) -> EvalReport:
     """Evaluate ``weights`` (``{"version", "actor"}``: a checkpoint's actor), or with ``weights`` None the scripted
     ``policy``, as ``config.eval`` says, on new evaluation shards; ``trajectories``: each record also carries its
-    episode's steps (``EvalEpisodes.trajectories``)."""
-    check_env_and_model(config, new_run=False)  # an env that cannot be built here is said before Ray starts
+    episode's steps (``EvalEpisodes.trajectories``). A run of the ``servers`` placement evaluates on a policy server
+    (``servers.*``), its shards holding no weights."""
+    spaces = check_env_and_model(config, new_run=False)  # an env that cannot be built here is said before Ray starts
     if policy is not None:
         check_policy(config, policy)
     if film is not None:
         check_renders(config)
     runner, started = start_backend(config, address)
-    handles = []
+    shards, servers = [], None
     try:
-        handles += [create_shard(runner, config, i, evaluation=True) for i in range(config.eval.shards)]
-        _, _, max_episode_steps = runner.get(handles[0].call(EnvShard.spaces))
+        if config.shards.placement == "servers" and weights is not None:
+            servers = Servers(runner, config, spaces)
+            servers.wait_started()
+            weights = runner.get(servers.load(weights))[0]  # the shards receive the key
+        shards += [create_shard(runner, config, i, evaluation=True, servers=servers) for i in range(config.eval.shards)]
+        _, _, max_episode_steps = runner.get(shards[0].call(EnvShard.spaces))
         report = evaluate_on_shards(
             runner,
-            lambda i: create_shard(runner, config, i, evaluation=True),
-            handles,
-            [config.eval.num_envs] * len(handles),
+            lambda i: create_shard(runner, config, i, evaluation=True, servers=servers),
+            shards,
+            [config.eval.num_envs] * len(shards),
             weights,
             dataclasses.replace(EvalSpec.of(config.eval, max_episode_steps), policy=policy, trajectories=trajectories),
             on_scored_episode,
@@ -139,7 +145,7 @@ def evaluate_config(
             film=film,
         )
     finally:
-        for handle in handles:
+        for handle in [*shards, *(servers.handles if servers is not None else [])]:
             runner.kill(handle)
         if started:
             import ray
