@@ -75,13 +75,9 @@ def env_id(config_name: str) -> str:
     """The env id a packaged config trains, as the config names it (``gym:HalfCheetah-v5``, ``raysim/Reach``); read
     without the checks across keys, so a config with a key left to set (``reach_camera_distill``'s ``algo.teacher``,
     given as a run's override) names its env too."""
-    from raysim.composition import expand, read_yaml
-    from raysim.config import Config, from_dict, rename_old_keys, resolve_config_path
+    import raysim
 
-    file = resolve_config_path(config_name).resolve()
-    data = expand(read_yaml(file) or {}, file.parent)
-    rename_old_keys(data, str(file))
-    return from_dict(Config, data, str(file)).env.id
+    return raysim.load_config(config_name, check=False).env.id
 
 
 def env_of(config_name: str) -> str:
