@@ -23,7 +23,8 @@ from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.models import Actor, ModelConfig
 from raysim.models.networks import actor_state
-from raysim.rollout.teacher import Teacher, TeacherWeights
+from raysim.models.pretrained import mismatched
+from raysim.rollout.teacher import TeacherWeights
 from raysim.storage import RunStorage
 
 TEACHER_COPY = "resources/teacher.pt"  # in the run directory
@@ -112,19 +113,14 @@ def check_fits(teacher: TeacherWeights, observation_spaces: dict, action_space: 
             f"{', '.join(observation_spaces)}); add it to env.kwargs.observations or name another"
         )
     spaces = {name: observation_spaces[group] for name, group in teacher["inputs"].items()}
-    built = Actor(spaces, action_space, ModelConfig(**teacher["model"])).state_dict()
-    saved = teacher["actor"]
-    problems = [
-        f"{name} {list(saved[name].shape) if name in saved else 'missing'} vs {list(tensor.shape)}"
-        for name, tensor in built.items()
-        if name not in saved or tuple(saved[name].shape) != tuple(tensor.shape)
-    ]
+    actor = Actor(spaces, action_space, ModelConfig(**teacher["model"]))  # as a shard builds it (``Teacher``)
+    problems = mismatched(actor.state_dict(), teacher["actor"])
     if problems:
         raise ConfigError(
             f"algo.teacher {teacher['source']}: its actor does not fit the student env's groups "
             f"{dict(teacher['inputs'])} and action space: {'; '.join(problems[:3])} (the teacher's shape vs this env's)"
         )
-    Teacher(teacher, observation_spaces, action_space)  # builds as a shard will
+    actor.load_state_dict(teacher["actor"])  # what a shard loads: no tensor more or less
 
 
 def teacher_key(teacher: dict[str, Any]) -> str:

@@ -15,11 +15,16 @@ from raysim.models.networks import ActorCritic, actor_state
 
 
 def mismatched_actor(model: ActorCritic, saved: dict[str, torch.Tensor]) -> list[str]:
-    """The actor's tensors that ``saved`` (an ``ActorCritic`` state_dict) lacks or holds in another shape, each
-    as ``name [saved shape] vs [this model's]``."""
+    """The actor's tensors that ``saved`` (an ``ActorCritic`` state_dict) lacks or holds in another shape."""
+    return mismatched(model.state_dict(), saved, "actor.")
+
+
+def mismatched(expected: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], prefix: str = "") -> list[str]:
+    """The tensors of the state_dict ``expected`` (those named under ``prefix``) that ``saved`` lacks or holds in
+    another shape, each as ``name [saved shape] vs [expected shape]`` (``missing`` for one it lacks)."""
     problems = []
-    for name, tensor in model.state_dict().items():
-        if not name.startswith("actor."):
+    for name, tensor in expected.items():
+        if not name.startswith(prefix):
             continue
         have = saved.get(name)
         if have is None:
