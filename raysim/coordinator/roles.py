@@ -94,26 +94,19 @@ def create_shard(
     )
 
 
-def start_shard(
-    backend: Backend,
-    config: Config,
-    index: int,
-    evaluation: bool = False,
-    generation: int = 0,
-    teacher: Any = None,
-    servers: Servers | None = None,
-) -> Handle:
-    """``create_shard``, returned once the shard started: a replacement waits for room with a line every few
-    seconds, and gives up after ``resources_timeout`` (``TimeoutError``); one that dies before it starts (placed
-    on a node that was going) is replaced within that time too."""
-    shards = [create_shard(backend, config, index, evaluation, generation, teacher, servers)]
+def start_shard(backend: Backend, config: Config, index: int, evaluation: bool = False, **made: Any) -> Handle:
+    """``create_shard`` (``made``: its ``generation``, ``teacher``, ``servers``), returned once the shard started: a
+    replacement waits for room with a line every few seconds, and gives up after ``resources_timeout``
+    (``TimeoutError``); one that dies before it starts (placed on a node that was going) is replaced within that
+    time too."""
+    shards = [create_shard(backend, config, index, evaluation, **made)]
     what = f"replacement for {'evaluation ' if evaluation else ''}shard {index}"
     backend.wait_started(  # one that died before it started never played: the same shard again
         shards,
         EnvShard.spaces,
         what,
         config.resources_timeout,
-        replace=lambda _: create_shard(backend, config, index, evaluation, generation, teacher, servers),
+        replace=lambda _: create_shard(backend, config, index, evaluation, **made),
     )
     return shards[0]
 
