@@ -27,10 +27,10 @@ from raysim.actors import Backend, InputLost, cause
 from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, Checkpoints, meta_json
 from raysim.config import Config, check_config, to_dict
-from raysim.coordinator import faults
 from raysim.coordinator.claim import RunClaim
 from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Collected, Collector
+from raysim.coordinator.faults import on_phase
 from raysim.coordinator.memory import memory_need
 from raysim.coordinator.preflight import check_env_and_model, check_renders, check_run_dir, check_weights_fit
 from raysim.coordinator.pretrained import read_pretrained
@@ -315,12 +315,12 @@ class Trainer:
         with clock.phase("time_collect"):  # the learner idles here: waiting for chunks
             plan = self.algorithm.collection_at(cfg.algo, before.env_steps)  # a schedule's (distillation's beta)
             batch = s.collector.collect(s.weights, before.version, plan)  # futures; dead shards replaced
-        faults.on_phase("collect", iteration, s)
+        on_phase("collect", iteration, s)
         with clock.phase("time_update"):  # the shards collect ahead meanwhile (algo.max_policy_lag)
             result = self._update(s, batch, log, before.env_steps)
             s.weights = roles.learner.get_weights()
         result["policy_lag"] = before.version - min(batch.versions, default=before.version)  # the oldest trained on
-        faults.on_phase("update", iteration, s)
+        on_phase("update", iteration, s)
         clock.iterations += 1
         seconds = s.first.seconds + clock.training_seconds()  # the run's, continued across processes
         counters = (int(result["env_steps"]), int(result["policy_version"]), seconds, s.collector.generation)

@@ -11,7 +11,7 @@ from contextlib import nullcontext
 
 from raysim.actors import InputLost, describe
 from raysim.config import Config
-from raysim.coordinator import faults
+from raysim.coordinator.faults import on_phase
 from raysim.coordinator.recovery import VIDEOS, restart_learner
 from raysim.coordinator.roles import start_shard
 from raysim.coordinator.saving import RunFailed
@@ -42,7 +42,7 @@ def eval_metrics(report: EvalReport) -> dict[str, float]:
 def evaluate_iteration(session: Session, iteration: int) -> EvalReport:
     """Evaluate the session's current weights (those of ``iteration``) and write its records."""
     cfg, backend, roles, storage = session.config, session.backend, session.roles, session.storage
-    faults.on_phase("eval", iteration, session)
+    on_phase("eval", iteration, session)
     while True:
         filming = film_into(storage, f"{VIDEOS}/{iteration}.mp4", cfg.eval) if cfg.eval.video else nullcontext()
         try:
@@ -75,7 +75,7 @@ def final_evaluation(session: Session) -> EvalReport:
     iteration and how to evaluate it.
     """
     iteration = session.ready.state.iteration
-    faults.on_phase("final_eval", iteration, session)
+    on_phase("final_eval", iteration, session)
     try:
         try:
             report = evaluate_iteration(session, iteration)
