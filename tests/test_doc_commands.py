@@ -1,0 +1,73 @@
+"""The commands the README and the docs show work when copied: each ``raysim ...`` line of a code block parses with
+raysim's own command line (a required flag left out, an unknown option or command fails here), its config and
+``--set`` overrides load, and a checkpoint it names is one the packaged run writes."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import raysim
+from raysim.cli import build_parser
+from raysim.config import PACKAGED_CONFIGS
+from raysim.coordinator.schedule import planned_iterations
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+CHECKPOINT = re.compile(r"runs/(\w+)/checkpoints/(\d+)\b")
+
+
+def shown_commands() -> list[tuple[str, list[str]]]:
+    """``(page:line, argv)`` of every ``raysim`` command in a code block of the pages (continuations joined,
+    comments and a ``$`` prompt dropped)."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for block in FENCE.finditer(text):
+            first = text.count("\n", 0, block.start(1)) + 1
+            lines = block.group(1).replace("\\\n", " ").splitlines()
+            for offset, line in enumerate(lines):
+                line = line.strip().removeprefix("$ ")
+                if not line.startswith("raysim "):
+                    continue
+                try:
+                    argv = shlex.split(line, comments=True)
+                except ValueError:  # an unbalanced quote: not a command, e.g. output
+                    continue
+                found.append((f"{page.relative_to(ROOT)}:{first + offset}", argv))
+    return found
+
+
+COMMANDS = shown_commands()
+
+
+def test_the_docs_show_commands_so_this_test_sees_them():
+    shown = {argv[1] for _, argv in COMMANDS if len(argv) > 1}
+    assert {"train", "resume", "eval", "export", "plot", "config", "bench", "demos"} <= shown, shown
+
+
+@pytest.mark.parametrize("where, argv", COMMANDS, ids=[where for where, _ in COMMANDS])
+def test_a_shown_command_parses_and_its_config_loads(where, argv):
+    if "--help" in argv or "-h" in argv:
+        return
+    args = build_parser().parse_args(argv[1:])  # a UsageError names what is wrong
+    if args.command == "train" and (args.config is None or (PACKAGED_CONFIGS / f"{args.config}.yaml").is_file()):
+        overrides = [o for o in args.overrides if not re.search(r"[A-Z_]{4,}", o)]  # placeholders stay unchecked
+        raysim.load_config(args.config, overrides=overrides)
+
+
+def test_a_checkpoint_the_docs_name_is_the_last_one_its_packaged_run_writes():
+    """``checkpoint.every`` and ``every_seconds`` decide the others, and ``keep_last`` drops them: only the final
+    iteration's checkpoint is certain to be there."""
+    wrong = []
+    for page in PAGES:
+        for name, iteration in CHECKPOINT.findall(page.read_text()):
+            if (PACKAGED_CONFIGS / f"{name}.yaml").is_file():
+                final = planned_iterations(raysim.load_config(name))
+                if int(iteration) != final:
+                    wrong.append(f"{page.relative_to(ROOT)}: runs/{name}/checkpoints/{iteration} (its last: {final})")
+    assert not wrong, wrong
