@@ -227,6 +227,7 @@ class Trainer:
             keep_until=state.iteration,
             env_steps=state.env_steps if self.resume else 0,
             by_iteration=shardless,
+            config=to_dict(cfg),
         )
 
     def _run(self, s: Session, startup: float) -> Summary:
@@ -329,7 +330,7 @@ class Trainer:
         due = eval_due(cfg, state.iteration, before.env_steps, state.env_steps)
         if due and not self.schedule.budget_reached(state):
             with clock.phase("time_eval"):  # the final evaluation comes after the final save
-                report = evaluate_iteration(s, state.iteration)
+                report = evaluate_iteration(s, state.iteration, state.env_steps)
             state = state.scored(report.mean_return, eval_metrics(report))  # metrics for the next row
             target = cfg.eval.stop_return
             if target is not None and report.mean_return is not None and report.mean_return >= target:
