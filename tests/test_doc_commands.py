@@ -1,6 +1,7 @@
-"""The commands the README and the docs show work when copied: each ``raysim ...`` line of a code block parses with
+"""The pages work when copied and read the same on GitHub: each ``raysim ...`` line of a code block parses with
 raysim's own command line (a required flag left out, an unknown option or command fails here), its config and
-``--set`` overrides load, and a checkpoint it names is one the packaged run writes."""
+``--set`` overrides load, a checkpoint it names is one the packaged run writes, and no page includes another file
+(GitHub would show the include line)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from raysim.coordinator.schedule import planned_iterations
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+SHELL_OPERATORS = {"&", "&&", "|", "||", ";"}  # the command ends there (what follows is another)
 CHECKPOINT = re.compile(r"runs/(\w+)/checkpoints/(\d+)\b")
 
 
@@ -38,7 +40,8 @@ def shown_commands() -> list[tuple[str, list[str]]]:
                     argv = shlex.split(line, comments=True)
                 except ValueError:  # an unbalanced quote: not a command, e.g. output
                     continue
-                found.append((f"{page.relative_to(ROOT)}:{first + offset}", argv))
+                ends = [i for i, word in enumerate(argv) if word in SHELL_OPERATORS or word.startswith((">", "2>"))]
+                found.append((f"{page.relative_to(ROOT)}:{first + offset}", argv[: min(ends, default=len(argv))]))
     return found
 
 
@@ -60,14 +63,28 @@ def test_a_shown_command_parses_and_its_config_loads(where, argv):
         raysim.load_config(args.config, overrides=overrides)
 
 
-def test_a_checkpoint_the_docs_name_is_the_last_one_its_packaged_run_writes():
-    """``checkpoint.every`` and ``every_seconds`` decide the others, and ``keep_last`` drops them: only the final
-    iteration's checkpoint is certain to be there."""
+def test_a_checkpoint_a_shown_command_names_is_the_last_one_its_packaged_run_writes():
+    """``runs/<config>/checkpoints/<i>`` is the default run directory of a packaged config: ``checkpoint.every`` and
+    ``every_seconds`` decide its other checkpoints, and ``keep_last`` drops them, so only the last is certain."""
     wrong = []
-    for page in PAGES:
-        for name, iteration in CHECKPOINT.findall(page.read_text()):
+    for where, argv in COMMANDS:
+        for name, iteration in CHECKPOINT.findall(" ".join(argv)):
             if (PACKAGED_CONFIGS / f"{name}.yaml").is_file():
-                final = planned_iterations(raysim.load_config(name))
-                if int(iteration) != final:
-                    wrong.append(f"{page.relative_to(ROOT)}: runs/{name}/checkpoints/{iteration} (its last: {final})")
+                last = planned_iterations(raysim.load_config(name))
+                if int(iteration) != last:
+                    wrong.append(f"{where}: runs/{name}/checkpoints/{iteration} (its last: {last})")
     assert not wrong, wrong
+
+
+#: A benchmark's table of results, copied into the page that explains it (``raysim bench <name>`` writes the file).
+RESULT_TABLES = {
+    "docs/distillation.md": "benchmarks/results/distill.md",
+    "docs/finetuning.md": "benchmarks/results/finetune.md",
+}
+
+
+def test_no_page_includes_a_file_and_the_copied_result_tables_are_the_benchmarks_own():
+    including = [str(page.relative_to(ROOT)) for page in PAGES if "--8<--" in page.read_text()]
+    assert not including, f"{including}: an include reads as a raw line on GitHub; copy the text instead"
+    for page, table in RESULT_TABLES.items():
+        assert (ROOT / table).read_text().strip() in (ROOT / page).read_text(), f"copy {table} into {page} again"
