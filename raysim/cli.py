@@ -23,7 +23,7 @@ from raysim.coordinator.cluster import RayStartFailed, ResourceError
 from raysim.coordinator.trainer import RunFailed
 from raysim.envs.errors import MissingDependencyError
 from raysim.rollout.policies import SCRIPTED as SCRIPTED_POLICIES
-from raysim.storage import RunLockedError, unwritable
+from raysim.storage import StorageError, unwritable
 
 if TYPE_CHECKING:
     from raysim.recording import Film
@@ -56,7 +56,7 @@ USER_ERRORS = (
     ConfigError,
     CheckpointError,
     FileNotFoundError,
-    RunLockedError,
+    StorageError,
     ResourceError,
     OutputPathError,
     MissingExtra,
