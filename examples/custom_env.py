@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 import raysim
-from raysim.envs import make
-from raysim.envs.contract import BatchedEnv, Obs
+from raysim.envs.contract import Obs
 from raysim.envs.torch_env import TorchEnv
 
 
@@ -124,15 +122,6 @@ if "examples/Spot-v0" not in gym.registry:  # once per process (``python -m`` im
     gym.register("examples/Spot-v0", entry_point=GymSpot)
 
 
-def gym_spot(num_envs: int, seed: int | None = None, **options: Any) -> BatchedEnv:
-    """``env.id: examples.custom_env:gym_spot``: ``num_envs`` GymSpots through raysim's Gymnasium adapter.
-
-    A factory in this module rather than ``env.id: gym:examples/Spot-v0``: importing this module is what registers
-    the id, and raysim imports a ``module.path:name`` in the driver and every shard's Ray worker, where a ``gym:`` id
-    is only looked up."""
-    return make("gym:examples/Spot-v0", num_envs, seed=seed, **options)
-
-
 def train(overrides: list[str]) -> None:
     """Train PPO on Spot as ``spot_ppo.yaml`` and ``overrides`` say; print the final evaluation's success k/n."""
     config = raysim.load_config(Path(__file__).with_name("spot_ppo.yaml"), overrides)
@@ -151,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     for group, space in Spot(1).observation_spaces.items():
         print(f"observation group {group}: {space.dtype} {space.shape}")
     quick = ["backend=local", "train.total_steps=1024", "eval.episodes=8"] if args.quick else []
-    for name, env_id in (("spot_ppo", "examples.custom_env:Spot"), ("gym_spot_ppo", "examples.custom_env:gym_spot")):
+    # the Gymnasium route names the module that registers the id: the driver and every Ray worker import it
+    routes = {"spot_ppo": "examples.custom_env:Spot", "gym_spot_ppo": "gym:examples.custom_env:examples/Spot-v0"}
+    for name, env_id in routes.items():
         train([f"name={name}", f"env.id={env_id}", *quick, *([f"run_dir={args.out}/{name}"] if args.out else [])])
     return 0
 

@@ -1,7 +1,7 @@
 """Record expert demonstrations on Meta-World pick-place, clone them (BC), fine-tune the clone with GRPO. The recipe:
 docs/tasks/fine-tune-from-demonstrations.md.
 
-    python examples/finetune_from_demonstrations.py            # the full run (hours on 2 cores)
+    python examples/finetune_from_demonstrations.py            # the full run: ~4 min, then 500k GRPO env steps
     python examples/finetune_from_demonstrations.py --quick    # a tiny budget: seconds
 
 Needs the Meta-World and Minari extras: pip install -e ".[metaworld,demos]".
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     grpo = [f"model.init_from={cloned.run_dir}", f"run_dir={out / 'grpo'}", *quick_grpo]
     tuned = raysim.Trainer(raysim.load_config("metaworld_pick_place_grpo_finetune", grpo)).train()
     report("GRPO fine-tuned", tuned)
-    return 0
+    return tuned.exit_code
 
 
 if __name__ == "__main__":

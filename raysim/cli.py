@@ -71,6 +71,7 @@ class Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     """The ``raysim`` command; returns its exit code."""
+    import_from_here()
     debug = os.environ.get("RAYSIM_DEBUG", "") not in ("", "0")
     try:
         args = build_parser().parse_args(argv)
@@ -107,6 +108,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def import_from_here() -> None:
+    """Let a config name a module of the current folder (``env.id: my_env:MyEnv``, ``algo.name: my_algo:MyAlgo``) as
+    ``python -m raysim`` does: the ``raysim`` script's path lacks it (appended: it never hides an installed package).
+    Ray's workers have the driver's folder on their path already."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.append(here)
 
 
 #: Commands that train or evaluate: a reader of their output that goes away (`raysim train | head -2`) costs only

@@ -31,7 +31,7 @@ EXPECTED = {
     "custom_env": [
         "observation group camera: uint8 (16, 16, 3)",
         "examples.custom_env:Spot: 1024 env steps",
-        "examples.custom_env:gym_spot: 1024 env steps",
+        "gym:examples.custom_env:examples/Spot-v0: 1024 env steps",
         "evaluation: success ",
     ],
     "custom_algorithm": ["algo: ReinforceConfig, critic: False", "4096 env steps: pg_loss", "over 10 episodes"],

@@ -323,3 +323,24 @@ def test_vectorize_native_is_part_of_the_env_identity_sync_and_async_are_not():
     assert native[0] != plain[0]
     assert differences(plain[1], native[1]) == ["kwargs.vectorize: checkpoint has '<absent>', this config has 'native'"]
     assert current_form(native[1]) == native[1]  # the saved form stays as it is
+
+
+def test_an_id_your_module_registers_is_named_module_colon_id_and_each_ray_worker_imports_the_module(
+    ray_session, tmp_path
+):
+    """Gymnasium's own ``module:Id`` form: the driver and every shard's process import ``module`` (which registers
+    ``Id``) before making the env, so a user's registration needs no import of raysim's."""
+    import raysim
+
+    overrides = [
+        "env.id=gym:tests.support.painted:RaysimTest/Painted-v0",
+        "env.num_envs=2",
+        "algo.num_steps=16",
+        "train.total_steps=64",
+        "eval.episodes=2",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    summary = raysim.Trainer(raysim.load_config(None, overrides=overrides)).train()
+    assert summary.env_steps == 64 and summary.evaluation.completed == 2
+    with pytest.raises(ValueError, match="cannot import 'no_such_module', the module that registers 'Mine-v0'"):
+        make("gym:no_such_module:Mine-v0", 2)

@@ -14,6 +14,7 @@ import torch
 
 import raysim
 from raysim.checkpoint import locate_checkpoint
+from raysim.cli import main
 from raysim.coordinator import Summary
 from raysim.records import read_metrics as stored_rows
 from raysim.storage import open_storage
@@ -165,3 +166,16 @@ def test_a_users_own_script_runs_the_trainer_on_its_own_ray(tmp_path):
     assert "ray still initialized after train(): True" in out
     assert stored_rows(open_storage(run_dir))
     assert (run_dir / "checkpoints" / "2" / "state.pt").is_file()
+
+
+def test_the_raysim_command_finds_an_env_module_in_the_current_folder(tmp_path, monkeypatch):
+    """``env.id: my_env:MyCoin`` from the folder that holds ``my_env.py``, as ``python -m raysim`` would (the
+    ``raysim`` script's own path lacks the current folder)."""
+    (tmp_path / "my_env.py").write_text(
+        "from tests.support.coin import Coin\n\n\nclass MyCoin(Coin):\n    env_id = 'my_env:MyCoin'\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    settings = ["env.id=my_env:MyCoin", "env.num_envs=2", "algo.num_steps=8", "train.total_steps=16", "eval.episodes=2"]
+    assert main(["train", "--local", *[f"--set={s}" for s in settings]]) == 0
+    assert str(tmp_path) in sys.path and (tmp_path / "runs" / "cartpole_ppo" / "checkpoints").is_dir()
