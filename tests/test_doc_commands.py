@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from itertools import zip_longest
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,14 @@ CHECKPOINT = re.compile(r"runs/(\w+)/checkpoints/(\d+)\b")
 
 def shown_commands() -> list[tuple[str, list[str]]]:
     """``(page:line, argv)`` of every ``raysim`` command in a code block of the pages (continuations joined,
-    comments and a ``$`` prompt dropped)."""
+    comments and a ``$`` prompt dropped), but those a page shows failing: the block after theirs is the error."""
     found = []
     for page in PAGES:
         text = page.read_text()
-        for block in FENCE.finditer(text):
+        blocks = list(FENCE.finditer(text))
+        for block, after in zip_longest(blocks, blocks[1:]):
+            if after is not None and after.group(1).startswith("raysim: error"):
+                continue
             first = text.count("\n", 0, block.start(1)) + 1
             lines = block.group(1).replace("\\\n", " ").splitlines()
             for offset, line in enumerate(lines):
