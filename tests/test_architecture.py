@@ -263,7 +263,7 @@ def test_a_third_algorithm_trains_through_the_unchanged_learner_and_coordinator(
     import raysim
 
     (tmp_path / "reinforce.yaml").write_text(
-        "name: reinforce\nenv: {id: raysim/CartPole, num_envs: 8}\nalgo: {name: 'tests.support.reinforce:Reinforce'}\n"
+        "name: reinforce\nenv: {id: raysim/CartPole, num_envs: 8}\nalgo: {name: 'examples.custom_algorithm:Reinforce'}\n"
     )
     overrides = ["backend=local", "train.total_steps=8192", "train.log_every=4", "eval.episodes=10"]
     config = raysim.load_config(tmp_path / "reinforce.yaml", [*overrides, f"run_dir={tmp_path / 'run'}"])
@@ -273,7 +273,7 @@ def test_a_third_algorithm_trains_through_the_unchanged_learner_and_coordinator(
     assert "pg_loss" in summary.metrics and "v_loss" not in summary.metrics
     assert summary.metrics["episode_return"] > 30, summary.metrics  # a random policy averages ~22
     resumed = raysim.load_config(tmp_path / "run" / "configs" / "train.yaml")
-    assert resumed.algo.name == "tests.support.reinforce:Reinforce"
+    assert resumed.algo.name == "examples.custom_algorithm:Reinforce"
 
 
 def test_an_unknown_algorithm_name_is_an_error_that_lists_the_registered_ones():
