@@ -91,7 +91,7 @@ class GymAdapter(BatchedEnv):
         self.num_envs = check_num_envs(num_envs)
         if vectorize not in VECTORIZE:
             raise ValueError(f"{self.env_id}: vectorize must be one of {VECTORIZE}, got {vectorize!r}")
-        gym_id = register_namespace(gym_id)
+        gym_id = registered_id(gym_id)
         if gym_id not in gym.registry:
             close = [k for k in gym.registry if gym_id.lower().split("-")[0] in k.lower()][:5]
             raise UnknownEnvError(f"unknown Gymnasium id {gym_id!r}" + (f"; similar ids: {close}" if close else ""))
@@ -240,7 +240,7 @@ def with_pictures(env_id: str, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def register_namespace(gym_id: str) -> str:
+def registered_id(gym_id: str) -> str:
     """Import the package that registers ``gym_id`` and return the id as registered.
 
     ``module:Id`` (Gymnasium's own form, for an id your module registers): ``module`` is imported, in every
