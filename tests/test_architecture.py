@@ -263,7 +263,8 @@ def test_a_third_algorithm_trains_through_the_unchanged_learner_and_coordinator(
     import raysim
 
     (tmp_path / "reinforce.yaml").write_text(
-        "name: reinforce\nenv: {id: raysim/CartPole, num_envs: 8}\nalgo: {name: 'examples.custom_algorithm:Reinforce'}\n"
+        "name: reinforce\nenv: {id: raysim/CartPole, num_envs: 8}\n"
+        "algo: {name: 'examples.custom_algorithm:Reinforce'}\n"
     )
     overrides = ["backend=local", "train.total_steps=8192", "train.log_every=4", "eval.episodes=10"]
     config = raysim.load_config(tmp_path / "reinforce.yaml", [*overrides, f"run_dir={tmp_path / 'run'}"])
