@@ -50,14 +50,16 @@ EXPECTED = {
 }
 #: Examples marked slow: a quick run of more than ~5 s, or of more than ~4 s on Ray (the not-slow set keeps one test
 #: of a user's module on Ray's workers: tests/test_gym_adapter.py).
-SLOW: set[str] = {"finetune_from_demonstrations", "sweep", "cluster_job", "train_from_script"}
+SLOW: set[str] = {"finetune_from_demonstrations", "sweep", "cluster_job"}
+#: Examples another test runs as a user would: train_from_script in a process of its own, on a Ray it sizes itself.
+ELSEWHERE = {"train_from_script": "tests/test_train.py::test_a_users_own_script_runs_the_trainer_on_its_own_ray"}
 #: Examples that start Ray themselves: they run on the test session's Ray, which they find initialized.
 ON_RAY = {"train_from_script", "cluster_job", "sweep"}
 
 
 def examples(on_ray: bool) -> list:
     """The examples as test parameters (those on Ray, or the others), slow ones marked."""
-    names = sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+    names = sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.name.startswith("_") and p.stem not in ELSEWHERE)
     return [
         pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [], id=name)
         for name in names

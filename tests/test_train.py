@@ -138,18 +138,21 @@ def test_a_run_through_ray_actors_writes_its_run_directory_and_equals_the_local_
 def test_a_users_own_script_runs_the_trainer_on_its_own_ray(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    run_dir = tmp_path / "script-run"
+    run_dir = tmp_path / "cartpole_ppo"
     result = subprocess.run(
         [
             sys.executable,
             str(ROOT / "examples" / "train_from_script.py"),
+            "--quick",  # its task page's quick mode, with a smaller budget still
+            "--out",
+            str(tmp_path),
             "256",
             "env.num_envs=4",
             "algo.num_steps=32",
             "algo.update_epochs=1",
+            "train.total_steps=256",
             "eval.episodes=2",
             "eval.num_envs=2",
-            f"run_dir={run_dir}",
         ],
         cwd=tmp_path,
         env=env,
