@@ -23,7 +23,7 @@ from raysim.coordinator.cluster import RayStartFailed, ResourceError
 from raysim.coordinator.trainer import RunFailed
 from raysim.envs.errors import MissingDependencyError
 from raysim.rollout.policies import SCRIPTED as SCRIPTED_POLICIES
-from raysim.storage import RunLockedError, unwritable
+from raysim.storage import StorageError, unwritable
 
 if TYPE_CHECKING:
     from raysim.recording import Film
@@ -56,7 +56,7 @@ USER_ERRORS = (
     ConfigError,
     CheckpointError,
     FileNotFoundError,
-    RunLockedError,
+    StorageError,
     ResourceError,
     OutputPathError,
     MissingExtra,
@@ -71,6 +71,7 @@ class Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     """The ``raysim`` command; returns its exit code."""
+    import_from_here()
     debug = os.environ.get("RAYSIM_DEBUG", "") not in ("", "0")
     try:
         args = build_parser().parse_args(argv)
@@ -107,6 +108,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def import_from_here() -> None:
+    """Let a config name a module of the current folder (``env.id: my_env:MyEnv``, ``algo.name: my_algo:MyAlgo``) as
+    ``python -m raysim`` does: the ``raysim`` script's path lacks it (appended: it never hides an installed package).
+    Ray's workers have the driver's folder on their path already."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.append(here)
 
 
 #: Commands that train or evaluate: a reader of their output that goes away (`raysim train | head -2`) costs only
@@ -470,7 +480,9 @@ def add_bench(commands, common) -> None:
     bench = commands.add_parser("bench", parents=[common], help="benchmarks", description="Run a benchmark.")
     bench.add_argument(
         "name",
-        choices="collect solve scale mujoco atari metaworld finetune distill startup store serving placement".split(),
+        choices=(
+            "collect solve scale mujoco atari metaworld finetune distill startup store serving placement sinks"
+        ).split(),
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
         "scale: env steps/s against shards, lockstep and overlapped; startup: start-up against Ray's floor; "
         "mujoco: MuJoCo locomotion returns and wall time against CleanRL (and raysim/Reach success); "
@@ -481,7 +493,7 @@ def add_bench(commands, common) -> None:
         "store: object-store bytes over a 500-iteration run stay flat; "
         "serving: a step's round trip to a policy server (Ray call, Compiled Graph, in-process) and the step split; "
         "placement: collocated shards against env workers + a policy server: policy bytes held and moved, USS, "
-        "env steps/s",
+        "env steps/s; sinks: training env steps/s with the Parquet sink alone and with W&B as well",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     bench.set_defaults(run=bench_command)

@@ -30,7 +30,8 @@ from raysim.storage import RunStorage
 
 PACKAGED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = "cartpole_ppo.yaml"
-SINKS = ("console", "parquet", "tensorboard")  # the names train.sinks may list (raysim.metrics makes them)
+SINKS = ("console", "parquet", "tensorboard", "wandb")  # the names train.sinks may list (raysim.metrics makes them)
+DEFAULT_SINKS = SINKS[:3]  # not wandb: it needs an account (or WANDB_MODE=offline) and the wandb extra
 #: Keys that were renamed, old name -> new name (within one section): the old name is still read, with a note.
 RENAMED = {"shards.first_arrived": "shards.wait_fraction"}
 
@@ -152,7 +153,7 @@ class TrainConfig:
     total_steps: int = setting(100_000, help="env steps to train for, summed over shards", low=1)
     log_every: int = setting(1, help="iterations between log steps (progress line, metrics rows)", low=1)
     stop_after: int | None = setting(None, help="stop this process after this many iterations (resume goes on)", low=1)
-    sinks: list[str] = setting(factory=lambda: list(SINKS), help="where metrics go", choices=SINKS)
+    sinks: list[str] = setting(factory=lambda: list(DEFAULT_SINKS), help="where metrics go", choices=SINKS)
 
 
 @dataclass

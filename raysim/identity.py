@@ -26,7 +26,7 @@ import numpy as np
 
 from raysim.envs.atari import canonical_preset
 from raysim.envs.gym_adapter import RUNTIME_OPTIONS as ADAPTER_OPTIONS
-from raysim.envs.gym_adapter import register_namespace
+from raysim.envs.gym_adapter import registered_id
 from raysim.envs.registry import factory, materialize
 
 #: EnvConfig keys that do not change what the env is.
@@ -54,8 +54,7 @@ def gym_defaults(env_id: str) -> dict[str, Any]:
     import gymnasium as gym
     from gymnasium.envs.registration import load_env_creator
 
-    register_namespace(env_id[len("gym:") :])  # ids another package registers (ale-py's) exist once it is imported
-    spec = gym.spec(env_id[len("gym:") :])
+    spec = gym.spec(registered_id(env_id[len("gym:") :]))  # ids another package registers exist once imported
     creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
     return {**signature_defaults(creator), "max_episode_steps": spec.max_episode_steps, **dict(spec.kwargs)}
 

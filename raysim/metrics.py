@@ -9,7 +9,12 @@ through a ``SinkSet``:
 - ``parquet``: ``metrics/``, one row per log step, every column float64, columns sorted by name (a
   column that appears later is null in the earlier rows); a resumed run continues it
   (``raysim.records.read_metrics`` reads it);
-- ``tensorboard``: event files under ``tb/`` (``torch.utils.tensorboard``), x axis the env steps.
+- ``tensorboard``: event files under ``tb/`` (``torch.utils.tensorboard``), x axis the env steps;
+- ``wandb``: a Weights & Biases run (the ``wandb`` extra; not a default: it needs an account, or
+  ``WANDB_MODE=offline``), x axis the env steps; the run's config once, its id kept in ``wandb.json`` so a
+  resumed run continues the same W&B run, and the film of each filmed evaluation (``eval.video``).
+
+A sink may also take an evaluation's film (``video``), written to the run before it is offered.
 
 A sink that fails (also in a thread of its own, such as TensorBoard's writer) is reported once on
 stderr, in one line naming it, and keeps being offered every later record; the other sinks still get
@@ -19,6 +24,9 @@ nothing: the next flush (or ``close``) retries it.
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import shutil
 import sys
 import tempfile
@@ -238,6 +246,68 @@ class TensorBoardSink:
         self.writer = self._open((iteration if self.counter == "iteration" else env_steps) + 1)
 
 
+#: The run's W&B run, kept so that a resumed run continues it: {"id", "project", "entity"}.
+WANDB_RUN = "wandb.json"
+
+
+class WandbSink:
+    """A Weights & Biases run: every record as one ``log`` call, as it is (the Parquet rows' keys and values),
+    plotted against the env steps (``by_iteration``: the iterations, for a run without env steps: BC).
+
+    ``config`` (the resolved config) is the W&B run's config, given once at ``wandb.init``. A new run keeps the
+    W&B run's id, project and entity in ``wandb.json`` (through the run storage: also on S3); a resumed run
+    finds it and continues that W&B run (``resume="allow"``; its config updated with the resumed one). The
+    ``WANDB_*`` variables (``WANDB_PROJECT``, ``WANDB_ENTITY``, ``WANDB_MODE``, ``WANDB_DIR``...) work as wandb
+    defines them; W&B's files go to the run directory when it is local and ``WANDB_DIR`` is not set.
+
+    Rows logged again (a resume from a checkpoint older than the last row, a learner restarted from an older
+    checkpoint) are logged again: W&B cannot drop points (its rewind is a private preview), so it keeps the
+    earlier points beside them, at the same env steps; ``metrics/`` keeps one row per log step.
+    """
+
+    name = "wandb"
+
+    def __init__(self, storage: RunStorage, config: dict | None = None, by_iteration: bool = False):
+        try:
+            import wandb
+        except ImportError as error:
+            raise ImportError(f'the wandb package is not importable ({error}); pip install -e ".[wandb]"') from error
+        self.storage, self.wandb = storage, wandb
+        self.counter = "iteration" if by_iteration else "env_steps"
+        kept = json.loads(storage.read(WANDB_RUN)) if storage.exists(WANDB_RUN) else {}
+        self.run = wandb.init(
+            id=kept.get("id"),
+            resume="allow" if kept else None,
+            project=kept.get("project") or None,
+            entity=kept.get("entity") or None,
+            name=os.environ.get("WANDB_NAME") or storage.location.rstrip("/").rsplit("/", 1)[-1],
+            dir=storage.location if storage.is_local and not os.environ.get("WANDB_DIR") else None,
+            config=config,
+            allow_val_change=bool(kept),
+        )
+        try:
+            self.run.define_metric("*", step_metric=self.counter)
+            if not kept:
+                run = {"id": self.run.id, "project": self.run.project, "entity": self.run.entity}
+                storage.write(WANDB_RUN, json.dumps(run).encode())
+        except BaseException:
+            self.run.finish(exit_code=1)
+            raise
+
+    def write(self, record: Record) -> None:
+        self.run.log(record)
+
+    def video(self, rel: str, iteration: int, env_steps: int) -> None:
+        """The film of the evaluation after ``iteration`` (``rel`` of the run) as ``eval_video``, at its env steps."""
+        film = self.wandb.Video(
+            io.BytesIO(self.storage.read(rel)), caption=f"iteration {iteration}", format=Path(rel).suffix[1:]
+        )
+        self.run.log({"eval_video": film, self.counter: iteration if self.counter == "iteration" else env_steps})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 #: The failures of the threads ``quiet_threads`` took over (None while they run); their sinks raise them.
 THREAD_FAILURES: weakref.WeakKeyDictionary[threading.Thread, BaseException | None] = weakref.WeakKeyDictionary()
 
@@ -296,24 +366,27 @@ class SinkSet:
 
     def flush(self) -> None:
         """Every sink that buffers writes what it holds (before a checkpoint: the rows it covers are durable)."""
-        for name, sink in self.sinks:
-            flush = getattr(sink, "flush", None)
-            if flush is not None:
-                try:
-                    flush()
-                except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
-                    self.failed(name, "flush", error)
+        self._offer("flush")
 
     def rewind(self, iteration: int, env_steps: int) -> None:
         """The run continues from an earlier iteration (a learner restarted from an older checkpoint):
         every sink that keeps rows drops those after it, so each log step appears once."""
+        self._offer("rewind", iteration, env_steps)
+
+    def video(self, rel: str, iteration: int, env_steps: int) -> None:
+        """The film of the evaluation after ``iteration``, written to ``rel`` of the run, to every sink that shows
+        videos."""
+        self._offer("video", rel, iteration, env_steps)
+
+    def _offer(self, what: str, *args: Any) -> None:
+        """Call ``what`` on every sink that has it; a failure is reported once and the other sinks go on."""
         for name, sink in self.sinks:
-            rewind = getattr(sink, "rewind", None)
-            if rewind is not None:
+            method = getattr(sink, what, None)
+            if method is not None:
                 try:
-                    rewind(iteration, env_steps)
+                    method(*args)
                 except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
-                    self.failed(name, "rewind", error)
+                    self.failed(name, what, error)
 
     def close(self) -> None:
         if self.closed:
@@ -351,10 +424,12 @@ def make_sinks(
     env_steps: int = 0,
     errors: TextIO | None = None,
     by_iteration: bool = False,
+    config: dict | None = None,
 ) -> SinkSet:
     """The sinks of ``train.sinks`` for the run in ``storage`` (a resumed run: ``keep_until`` its iteration
     and ``env_steps``). A sink that cannot be created is reported once on stderr and left out. ``by_iteration``:
-    a run without env steps (BC), whose progress is ``total_steps`` iterations."""
+    a run without env steps (BC), whose progress is ``total_steps`` iterations. ``config``: the resolved config,
+    for the sinks that keep it (W&B)."""
     resumed_at = keep_until if by_iteration else env_steps
     factories = {
         "console": lambda: ConsoleSink(total_steps, by_iteration=by_iteration),
@@ -362,6 +437,7 @@ def make_sinks(
         "tensorboard": lambda: TensorBoardSink(
             storage, purge_step=resumed_at + 1 if resumed_at else None, by_iteration=by_iteration
         ),
+        "wandb": lambda: WandbSink(storage, config=config, by_iteration=by_iteration),
     }
     sinks = []
     for name in names:

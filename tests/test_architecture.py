@@ -59,7 +59,8 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
                 base = ".".join(
                     package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
                 )
-            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+            # ``from package import submodule`` runs the package's ``__init__`` too: both are imported
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known]
         else:
             continue
         found |= {name for name in names if name.split(".")[0] == "raysim" and name in known}
@@ -135,6 +136,22 @@ def test_the_graph_sees_lazy_imports():
     assert (
         cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"] and cycle({"a": {"b"}, "b": set()}) is None
     )
+
+
+def test_from_a_package_import_a_submodule_counts_as_importing_the_package(tmp_path, monkeypatch):
+    """``from raysim.coordinator import faults`` runs ``raysim/coordinator/__init__.py`` (which imports the trainer):
+    the graph sees the package, so such an import inside the package shows up as a cycle."""
+    source = tmp_path / "raysim" / "coordinator" / "saving.py"  # a module of the package, in a copy of the tree
+    source.parent.mkdir(parents=True)
+    source.write_text("from raysim.coordinator import faults\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    known = {
+        name: PACKAGE for name in ("raysim.coordinator", "raysim.coordinator.faults", "raysim.coordinator.trainer")
+    }
+    edges = {"raysim.coordinator.saving": imports(source, known), "raysim.coordinator": {"raysim.coordinator.trainer"}}
+    assert edges["raysim.coordinator.saving"] == {"raysim.coordinator", "raysim.coordinator.faults"}
+    edges["raysim.coordinator.trainer"] = {"raysim.coordinator.saving"}
+    assert cycle(edges) is not None
 
 
 def test_no_function_in_raysim_is_longer_than_sixty_lines_unless_a_comment_says_why():
@@ -246,7 +263,8 @@ def test_a_third_algorithm_trains_through_the_unchanged_learner_and_coordinator(
     import raysim
 
     (tmp_path / "reinforce.yaml").write_text(
-        "name: reinforce\nenv: {id: raysim/CartPole, num_envs: 8}\nalgo: {name: 'tests.support.reinforce:Reinforce'}\n"
+        "name: reinforce\nenv: {id: raysim/CartPole, num_envs: 8}\n"
+        "algo: {name: 'examples.custom_algorithm:Reinforce'}\n"
     )
     overrides = ["backend=local", "train.total_steps=8192", "train.log_every=4", "eval.episodes=10"]
     config = raysim.load_config(tmp_path / "reinforce.yaml", [*overrides, f"run_dir={tmp_path / 'run'}"])
@@ -256,7 +274,7 @@ def test_a_third_algorithm_trains_through_the_unchanged_learner_and_coordinator(
     assert "pg_loss" in summary.metrics and "v_loss" not in summary.metrics
     assert summary.metrics["episode_return"] > 30, summary.metrics  # a random policy averages ~22
     resumed = raysim.load_config(tmp_path / "run" / "configs" / "train.yaml")
-    assert resumed.algo.name == "tests.support.reinforce:Reinforce"
+    assert resumed.algo.name == "examples.custom_algorithm:Reinforce"
 
 
 def test_an_unknown_algorithm_name_is_an_error_that_lists_the_registered_ones():

@@ -192,6 +192,22 @@ def test_table_without_results_says_so_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "no results in" in err[0] and "results.jsonl" in err[0]
 
 
+def test_table_without_results_shows_the_command_that_tables_the_recorded_ones(results, tmp_path, monkeypatch, capsys):
+    from raysim.cli import main
+
+    checkout = tmp_path / "checkout"  # a fresh checkout: its recorded runs in benchmarks/results, none in --out
+    (checkout / "benchmarks").mkdir(parents=True)
+    results.rename(checkout / "benchmarks" / "results")
+    monkeypatch.chdir(checkout)
+    assert main(["bench", "mujoco", "--table"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no results in bench-results/mujoco/results.jsonl" in err[0]
+    command = err[0].split(": ")[-1]
+    assert command == "raysim bench mujoco --table --out benchmarks/results --docs docs/benchmarks/results.md"
+    assert main(command.split()[1:]) == 0  # the command shown tables them
+    assert "## hopper_ppo (Hopper-v5)" in (checkout / "docs" / "benchmarks" / "results.md").read_text()
+
+
 def test_t_quantile_matches_the_t_table_and_inverts_the_cdf():
     for dof, value in ((1, 12.706205), (2, 4.302653), (4, 2.776445), (10, 2.228139), (30, 2.042272)):
         assert t_quantile(0.975, dof) == pytest.approx(value, abs=1e-6)

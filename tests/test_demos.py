@@ -314,3 +314,12 @@ def test_a_run_s_demonstrations_hold_its_actor_s_output_before_the_clip_into_the
         mean = actor.deterministic({g: torch.from_numpy(v[:-1]) for g, v in episode.observations.items()}, by_row=True)
     assert torch.equal(mean, torch.from_numpy(episode.actions))
     assert dataset.storage.metadata["raysim"]["policy"].startswith("checkpoint ") and recorded.report.completed == 2
+
+
+def test_a_relative_minari_datasets_path_is_taken_from_the_current_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", "relative-datasets")  # Minari alone would join it twice
+    args = ["--config", "reach_ppo", "--policy", "random", "--episodes", "1", "--dataset-id", "raysim/rel-v0"]
+    assert main(["demos", "record", *args, "--set", "env.kwargs.max_episode_steps=3", "--local"]) == 0
+    assert (tmp_path / "relative-datasets" / "raysim" / "rel-v0" / "data").is_dir()
+    assert main(["demos", "info", "raysim/rel-v0"]) == 0 and "1 episodes, 3 steps" in capsys.readouterr().out

@@ -323,3 +323,32 @@ def test_vectorize_native_is_part_of_the_env_identity_sync_and_async_are_not():
     assert native[0] != plain[0]
     assert differences(plain[1], native[1]) == ["kwargs.vectorize: checkpoint has '<absent>', this config has 'native'"]
     assert current_form(native[1]) == native[1]  # the saved form stays as it is
+
+
+def test_an_id_your_module_registers_is_named_module_colon_id_and_the_module_is_imported_where_the_env_is_made(
+    tmp_path, monkeypatch
+):
+    """Gymnasium's own ``module:Id`` form: the process that makes the env (the driver, each shard's worker) imports
+    ``module``, which registers ``Id``, so a user's registration needs no import of raysim's. A shard's Ray worker
+    runs the same ``make`` (the page docs/tasks/bring-your-own-env.md shows that run on Ray)."""
+    import raysim
+
+    (tmp_path / "my_registration.py").write_text(
+        "import gymnasium as gym\nfrom tests.support.painted import Painted\n\n"
+        "gym.register('Mine/Painted-v0', entry_point=Painted, max_episode_steps=20)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [
+        "env.id=gym:my_registration:Mine/Painted-v0",
+        "env.num_envs=2",
+        "algo.num_steps=16",
+        "train.total_steps=64",
+        "eval.episodes=2",
+        "backend=local",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    summary = raysim.Trainer(raysim.load_config(None, overrides=overrides), sinks=[]).train()
+    assert summary.env_steps == 64 and summary.evaluation.completed == 2 and "Mine/Painted-v0" in gym.registry
+    with pytest.raises(ValueError, match="cannot import 'no_such_module', the module that registers 'Mine-v0'"):
+        make("gym:no_such_module:Mine-v0", 2)
+    gym.registry.pop("Mine/Painted-v0")

@@ -244,6 +244,11 @@ def test_ppo_update_with_an_unbounded_objective_skips_every_minibatch_and_then_s
         assert torch.equal(value, before[name])
     with pytest.raises(NonFiniteUpdateError, match="pg_loss"):
         run_epochs(learner.algorithm.loss, loss_terms, learner.step, batch, config, learner.generator)
+    resumed, _ = cartpole_learner_and_shard(norm_adv=False, max_nonfinite_updates=3)
+    resumed.load_state(learner.snapshot())  # a checkpoint: the skipped updates go on being counted
+    assert (
+        (resumed.step.skipped, resumed.step.consecutive) == (learner.step.skipped, learner.step.consecutive) == (3, 3)
+    )
 
 
 # --- several learner ranks, early stopping and the schedule ------------------------------------------

@@ -189,3 +189,15 @@ def test_a_new_run_starts_from_a_run_in_the_bucket_with_model_init_from(s3, tmp_
     assert f"model.init_from: starting from {uri}" in capsys.readouterr().out
     source, started = locate_checkpoint(uri)[2]["model"], locate_checkpoint(tuned)[2]["model"]
     assert all(torch.allclose(source[k], started[k]) for k in source if k.startswith("actor.net"))
+
+
+def test_a_run_directory_in_a_bucket_that_does_not_exist_is_one_line_naming_the_bucket(
+    s3, tmp_path, monkeypatch, capsys
+):
+    for key, value in s3.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--local", "--run-dir", "s3://no-such-bucket/runs/x", *TINY]) == 2
+    error = capsys.readouterr().err
+    assert "its bucket 'no-such-bucket' does not exist" in error and "internal error" not in error
+    assert len(error.strip().splitlines()) == 1, error

@@ -82,6 +82,25 @@ def test_a_lock_whose_pid_now_runs_another_process_is_stale(tmp_path, pid):
 
 
 @needs_proc
+def test_a_lock_whose_process_was_killed_but_not_yet_reaped_is_stale_at_once(tmp_path):
+    """A driver killed (SIGKILL) whose parent has not waited for it yet is a zombie: its pid exists, it holds
+    nothing, and ``raysim resume`` right after the kill must not wait out the lease."""
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        killed.kill()
+        while Path(f"/proc/{killed.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            time.sleep(0.01)
+        storage = LocalStorage(tmp_path)
+        storage.write("lock.json", json.dumps(this_machine(killed.pid, start_ticks(killed.pid))).encode())
+        lock = RunLock(storage)
+        note = lock.acquire()
+        lock.release()
+        assert f"process {killed.pid} has ended" in note
+    finally:
+        killed.wait()
+
+
+@needs_proc
 def test_a_lock_on_this_host_whose_lease_expired_is_stale_though_its_process_runs(tmp_path):
     storage = LocalStorage(tmp_path)
     storage.write("lock.json", json.dumps(this_machine(os.getpid(), start_ticks(os.getpid()))).encode())

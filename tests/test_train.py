@@ -14,6 +14,7 @@ import torch
 
 import raysim
 from raysim.checkpoint import locate_checkpoint
+from raysim.cli import main
 from raysim.coordinator import Summary
 from raysim.records import read_metrics as stored_rows
 from raysim.storage import open_storage
@@ -137,18 +138,21 @@ def test_a_run_through_ray_actors_writes_its_run_directory_and_equals_the_local_
 def test_a_users_own_script_runs_the_trainer_on_its_own_ray(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    run_dir = tmp_path / "script-run"
+    run_dir = tmp_path / "cartpole_ppo"
     result = subprocess.run(
         [
             sys.executable,
             str(ROOT / "examples" / "train_from_script.py"),
+            "--quick",  # its task page's quick mode, with a smaller budget still
+            "--out",
+            str(tmp_path),
             "256",
             "env.num_envs=4",
             "algo.num_steps=32",
             "algo.update_epochs=1",
+            "train.total_steps=256",
             "eval.episodes=2",
             "eval.num_envs=2",
-            f"run_dir={run_dir}",
         ],
         cwd=tmp_path,
         env=env,
@@ -165,3 +169,16 @@ def test_a_users_own_script_runs_the_trainer_on_its_own_ray(tmp_path):
     assert "ray still initialized after train(): True" in out
     assert stored_rows(open_storage(run_dir))
     assert (run_dir / "checkpoints" / "2" / "state.pt").is_file()
+
+
+def test_the_raysim_command_finds_an_env_module_in_the_current_folder(tmp_path, monkeypatch):
+    """``env.id: my_env:MyCoin`` from the folder that holds ``my_env.py``, as ``python -m raysim`` would (the
+    ``raysim`` script's own path lacks the current folder)."""
+    (tmp_path / "my_env.py").write_text(
+        "from tests.support.coin import Coin\n\n\nclass MyCoin(Coin):\n    env_id = 'my_env:MyCoin'\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    settings = ["env.id=my_env:MyCoin", "env.num_envs=2", "algo.num_steps=8", "train.total_steps=16", "eval.episodes=2"]
+    assert main(["train", "--local", *[f"--set={s}" for s in settings]]) == 0
+    assert str(tmp_path) in sys.path and (tmp_path / "runs" / "cartpole_ppo" / "checkpoints").is_dir()

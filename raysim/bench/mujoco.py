@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 SCRIPTED_ENVS = ("raysim/MetaWorld",)  # the envs with a scripted expert: SCRIPTED evaluated there, not trained
 PEERS = ("raysim", "cleanrl", *SCRIPTED)
 CONFIGS = ("halfcheetah_ppo", "hopper_ppo")
+RECORDED = Path("benchmarks/results")  # the repository's recorded runs, relative to a checkout's root
 
 
 def env_id(config_name: str) -> str:
@@ -360,7 +361,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="deterministic evaluation episodes at the end of each run (default: the config's eval.episodes)",
     )
-    parser.add_argument("--out", type=Path, default=Path("bench-results/mujoco"), help="results folder")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results/mujoco"),
+        help=f"results folder (the repository's recorded runs: {RECORDED})",
+    )
     parser.add_argument("--quick", action="store_true", help="HalfCheetah, seed 1, 20,480 steps: a few minutes")
     parser.add_argument(
         "--address", default="local", help="Ray address of raysim's runs (default: an embedded Ray per run)"
@@ -382,6 +388,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def where_results_are(args: argparse.Namespace) -> str:
+    """What to do when ``--out`` holds no results: the repository's recorded ones and the command that tables
+    them, where the working directory has them, else run the benchmark first."""
+    recorded = read_results(RECORDED / "results.jsonl")
+    recorded = [r for r in recorded if args.configs is None or r["config"] in args.configs]
+    if not recorded or args.out.resolve() == RECORDED.resolve():
+        return "run raysim bench mujoco first, or give --out"
+    configs = f" --configs {' '.join(args.configs)}" if args.configs else ""
+    command = f"raysim bench mujoco --table{configs} --out {RECORDED} --docs {args.docs}"
+    return f"the recorded results are in {RECORDED}: {command}"
+
+
 def write_table(args: argparse.Namespace) -> int:
     """``--table``: the docs page and its pictures from ``results.jsonl`` (every config, or ``--configs``)."""
     from raysim.bench.results_page import write_page
@@ -389,9 +407,7 @@ def write_table(args: argparse.Namespace) -> int:
     path = args.out / "results.jsonl"
     results = [r for r in read_results(path) if args.configs is None or r["config"] in args.configs]
     if not results:
-        print(
-            f"raysim bench mujoco: no results in {path} (run raysim bench mujoco first, or give --out)", file=sys.stderr
-        )
+        print(f"raysim bench mujoco: no results in {path}; {where_results_are(args)}", file=sys.stderr)
         return 2
     written = write_page(results, args.out, args.docs)
     tasks = len({r["config"] for r in results})

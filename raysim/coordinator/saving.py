@@ -11,7 +11,7 @@ import time
 
 from raysim.actors import describe
 from raysim.checkpoint import Checkpoint, CheckpointError
-from raysim.coordinator import faults
+from raysim.coordinator.faults import on_phase
 from raysim.coordinator.session import Session
 from raysim.coordinator.signals import StopRequested
 
@@ -34,7 +34,7 @@ def save(session: Session, final: bool = False) -> Checkpoint:
         iteration,
         learner_state,
         {**ready.state.meta(), **session.meta},
-        before_marker=lambda: faults.on_phase(phase, iteration, session),
+        before_marker=lambda: on_phase(phase, iteration, session),
     )
     session.checkpoints.prune(session.config.checkpoint.keep_last, session.config.checkpoint.keep_abandoned)
     session.last_save = time.monotonic()

@@ -27,10 +27,10 @@ from raysim.actors import Backend, InputLost, cause
 from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, Checkpoints, meta_json
 from raysim.config import Config, check_config, to_dict
-from raysim.coordinator import faults
 from raysim.coordinator.claim import RunClaim
 from raysim.coordinator.cluster import start_backend
 from raysim.coordinator.collector import Collected, Collector
+from raysim.coordinator.faults import on_phase
 from raysim.coordinator.memory import memory_need
 from raysim.coordinator.preflight import check_env_and_model, check_renders, check_run_dir, check_weights_fit
 from raysim.coordinator.pretrained import read_pretrained
@@ -227,6 +227,7 @@ class Trainer:
             keep_until=state.iteration,
             env_steps=state.env_steps if self.resume else 0,
             by_iteration=shardless,
+            config=to_dict(cfg),
         )
 
     def _run(self, s: Session, startup: float) -> Summary:
@@ -315,12 +316,12 @@ class Trainer:
         with clock.phase("time_collect"):  # the learner idles here: waiting for chunks
             plan = self.algorithm.collection_at(cfg.algo, before.env_steps)  # a schedule's (distillation's beta)
             batch = s.collector.collect(s.weights, before.version, plan)  # futures; dead shards replaced
-        faults.on_phase("collect", iteration, s)
+        on_phase("collect", iteration, s)
         with clock.phase("time_update"):  # the shards collect ahead meanwhile (algo.max_policy_lag)
             result = self._update(s, batch, log, before.env_steps)
             s.weights = roles.learner.get_weights()
         result["policy_lag"] = before.version - min(batch.versions, default=before.version)  # the oldest trained on
-        faults.on_phase("update", iteration, s)
+        on_phase("update", iteration, s)
         clock.iterations += 1
         seconds = s.first.seconds + clock.training_seconds()  # the run's, continued across processes
         counters = (int(result["env_steps"]), int(result["policy_version"]), seconds, s.collector.generation)
@@ -329,7 +330,7 @@ class Trainer:
         due = eval_due(cfg, state.iteration, before.env_steps, state.env_steps)
         if due and not self.schedule.budget_reached(state):
             with clock.phase("time_eval"):  # the final evaluation comes after the final save
-                report = evaluate_iteration(s, state.iteration)
+                report = evaluate_iteration(s, state.iteration, state.env_steps)
             state = state.scored(report.mean_return, eval_metrics(report))  # metrics for the next row
             target = cfg.eval.stop_return
             if target is not None and report.mean_return is not None and report.mean_return >= target:

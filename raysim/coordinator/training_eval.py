@@ -11,7 +11,7 @@ from contextlib import nullcontext
 
 from raysim.actors import InputLost, describe
 from raysim.config import Config
-from raysim.coordinator import faults
+from raysim.coordinator.faults import on_phase
 from raysim.coordinator.recovery import VIDEOS, restart_learner
 from raysim.coordinator.roles import start_shard
 from raysim.coordinator.saving import RunFailed
@@ -39,12 +39,14 @@ def eval_metrics(report: EvalReport) -> dict[str, float]:
     return metrics
 
 
-def evaluate_iteration(session: Session, iteration: int) -> EvalReport:
-    """Evaluate the session's current weights (those of ``iteration``) and write its records."""
+def evaluate_iteration(session: Session, iteration: int, env_steps: int) -> EvalReport:
+    """Evaluate the session's current weights (those of ``iteration``, at ``env_steps``) and write its records;
+    its film, where there is one, is offered to the sinks."""
     cfg, backend, roles, storage = session.config, session.backend, session.roles, session.storage
-    faults.on_phase("eval", iteration, session)
+    on_phase("eval", iteration, session)
+    video = f"{VIDEOS}/{iteration}.mp4"
     while True:
-        filming = film_into(storage, f"{VIDEOS}/{iteration}.mp4", cfg.eval) if cfg.eval.video else nullcontext()
+        filming = film_into(storage, video, cfg.eval) if cfg.eval.video else nullcontext()
         try:
             weights = session.weights
             if roles.servers is not None:  # the shards act through the servers: each holds the weights, one key
@@ -64,6 +66,8 @@ def evaluate_iteration(session: Session, iteration: int) -> EvalReport:
             if roles.servers is None or not roles.servers.recover([roles.shards, roles.eval_shards], describe(error)):
                 raise
     write_evaluation(storage, iteration, report.records)
+    if cfg.eval.video and storage.exists(video):
+        session.sinks.video(video, iteration, env_steps)
     return report
 
 
@@ -74,14 +78,14 @@ def final_evaluation(session: Session) -> EvalReport:
     failure (no room for that learner within ``resources_timeout``) is ``RunFailed``, naming the saved
     iteration and how to evaluate it.
     """
-    iteration = session.ready.state.iteration
-    faults.on_phase("final_eval", iteration, session)
+    iteration, env_steps = session.ready.state.iteration, session.ready.state.env_steps
+    on_phase("final_eval", iteration, session)
     try:
         try:
-            report = evaluate_iteration(session, iteration)
+            report = evaluate_iteration(session, iteration, env_steps)
         except InputLost as error:
             restart_learner(session, error)
-            report = evaluate_iteration(session, iteration)
+            report = evaluate_iteration(session, iteration, env_steps)
     except Exception as error:
         raise RunFailed(
             f"{describe(error)}\nthe final evaluation did not finish; iteration {iteration} is saved: "

@@ -13,6 +13,7 @@ missing, a group or the actions whose shape or dtype do not fit the env.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,9 @@ def require_minari() -> Any:
         raise DatasetError(
             'datasets of demonstrations need Minari with HDF5, which is not installed: pip install "raysim[demos]"'
         ) from None
+    root = os.environ.get("MINARI_DATASETS_PATH")
+    if root and not os.path.isabs(root):  # Minari joins a relative root to its own paths twice: resolve it once
+        os.environ["MINARI_DATASETS_PATH"] = os.path.abspath(os.path.expanduser(root))
     return minari
 
 

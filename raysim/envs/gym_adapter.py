@@ -91,7 +91,7 @@ class GymAdapter(BatchedEnv):
         self.num_envs = check_num_envs(num_envs)
         if vectorize not in VECTORIZE:
             raise ValueError(f"{self.env_id}: vectorize must be one of {VECTORIZE}, got {vectorize!r}")
-        register_namespace(gym_id)
+        gym_id = registered_id(gym_id)
         if gym_id not in gym.registry:
             close = [k for k in gym.registry if gym_id.lower().split("-")[0] in k.lower()][:5]
             raise UnknownEnvError(f"unknown Gymnasium id {gym_id!r}" + (f"; similar ids: {close}" if close else ""))
@@ -240,11 +240,22 @@ def with_pictures(env_id: str, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def register_namespace(gym_id: str) -> None:
-    """Import the package that registers ``gym_id`` (``ale_py`` for ``ALE/...`` ids, and for an unregistered id
-    without a namespace when ale-py is installed); a ``MissingDependencyError`` saying what to install when the
-    namespace's package is not installed. Meta-World's ids are refused: raysim runs it natively
-    (``raysim/MetaWorld``)."""
+def registered_id(gym_id: str) -> str:
+    """Import the package that registers ``gym_id`` and return the id as registered.
+
+    ``module:Id`` (Gymnasium's own form, for an id your module registers): ``module`` is imported, in every
+    process that makes the env, and ``Id`` returned. ``ALE/...`` ids (and an unregistered id without a namespace
+    when ale-py is installed) import ``ale_py``; a ``MissingDependencyError`` says what to install when the
+    package is not installed. Meta-World's ids are refused: raysim runs it natively (``raysim/MetaWorld``)."""
+    if ":" in gym_id:
+        module, _, gym_id = gym_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise UnknownEnvError(
+                f"gym:{module}:{gym_id}: cannot import {module!r}, the module that registers {gym_id!r} ({error}); "
+                "run from the folder that holds it, or put it on PYTHONPATH"
+            ) from error
     namespace = gym_id.split("/")[0] if "/" in gym_id else None
     if namespace == "Meta-World":
         raise UnknownEnvError(
@@ -254,7 +265,7 @@ def register_namespace(gym_id: str) -> None:
     if namespace is None and gym_id not in gym.registry and _installed("ale_py"):
         namespace = "ALE"  # ale-py also registers ids without a namespace (BreakoutNoFrameskip-v4)
     if namespace not in NAMESPACE_PACKAGES:
-        return
+        return gym_id
     module, install = NAMESPACE_PACKAGES[namespace]
     try:
         importlib.import_module(module)
@@ -262,6 +273,7 @@ def register_namespace(gym_id: str) -> None:
         raise MissingDependencyError(
             f'gym:{gym_id} needs {module}, which is not installed: pip install "{install}"'
         ) from error
+    return gym_id
 
 
 def _installed(module: str) -> bool:

@@ -115,13 +115,14 @@ class Learner:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue training: model, optimizer, RNG, version, the algorithm's (the
-        schedule follows the run's env steps), the metric window since the last log step."""
+        schedule follows the run's env steps), the metric window since the last log step, the skipped updates."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "version": self.version,
             "window": self.window.state_dict(),
+            "skipped_updates": [self.step.skipped, self.step.consecutive],
             **self.algorithm.state_dict(),
         }
 
@@ -165,6 +166,7 @@ class Learner:
             self.generator.set_state(state["generator"])
             self.version, self.timeline = int(state["version"]), new_timeline()
             self.window = MetricWindow.from_state(state.get("window"), self.device)
+            self.step.skipped, self.step.consecutive = (int(n) for n in state.get("skipped_updates", (0, 0)))
             self.algorithm.load_state_dict(state)
         except Exception as caught:  # noqa: BLE001 - every failure is agreed on, then raised
             error = caught

@@ -478,7 +478,7 @@ class EnvShard:
         return (
             f"{self.env_id} returned a non-finite observation or reward in row {int(rows[0])} of shard "
             f"{self.shard_index} at step {self.steps_done} (step {t} of this chunk); rows affected: "
-            f"{rows.tolist()}. Fix the env, or set on_nonfinite: mask to drop such rows and count them."
+            f"{rows.tolist()}. Fix the env, or set env.on_nonfinite: mask to drop such rows and count them."
         )
 
 

@@ -230,7 +230,16 @@ def process_gone(pid: int, started: int | None) -> str | None:
     now = process_start(pid)
     if started is not None and now is not None and now != started:
         return f"process {pid} no longer exists (its pid was reused by a process started later)"
+    if process_state(pid) == "Z":  # killed, not yet reaped by its parent: it holds nothing any more
+        return f"process {pid} has ended (a zombie, not yet reaped)"
     return None
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (field 3 of /proc/<pid>/stat: R, S, D, Z, ...; None: unknown)."""
+    stat = _read(f"/proc/{pid}/stat")
+    fields = stat.rpartition(")")[2].split() if stat else []
+    return fields[0] if fields else None
 
 
 def process_start(pid: int) -> int | None:

@@ -25,8 +25,14 @@ class FsStorage(RunStorage):
         self.location = uri.rstrip("/")
         try:
             self.fs, self.base = fs.FileSystem.from_uri(self.location)
+            bucket = self.fs.get_file_info(self.base.split("/", 1)[0])
         except Exception as error:  # an unknown scheme, a bucket that cannot be reached, no credentials
             raise StorageError(f"cannot open run storage {uri}: {error}") from error
+        if bucket.type == fs.FileType.NotFound:
+            raise StorageError(
+                f"cannot open run storage {uri}: its bucket {bucket.path!r} does not exist (create it, or check the "
+                "endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_DEFAULT_REGION)"
+            )
         self._copies: Path | None = None
 
     def _full(self, rel: str) -> str:
