@@ -6,6 +6,7 @@ import gc
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,60 @@ if ROOT not in sys.path:  # a checkout that was not pip-installed
     sys.path.insert(0, ROOT)
 
 torch.set_num_threads(1)
+
+
+# Tests that start clusters, heads or sweeps of their own: many CPU-bound processes each. Two of them at once on two
+# cores run ~2-3.5x slower each (measured: docs/testing.md), so under pytest-xdist they run one after the other, on
+# one worker, while the other worker runs the rest.
+ONE_AT_A_TIME = (
+    "tests/test_autoscaling.py",
+    "tests/test_cluster.py",
+    "tests/test_multinode.py",
+    "tests/test_resources.py",
+    "tests/test_second_host.py",
+    "tests/test_sweep.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (``-n 2``), what runs together on one worker: see ``WorkUnits``."""
+    from collections import OrderedDict
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    together = "tests started one at a time"
+
+    class OneAtATimeFirst(OrderedDict):
+        """The work queue, in the collection's order but for the one-at-a-time unit, the longest: first."""
+
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            if key == together:
+                self.move_to_end(key, last=False)
+
+    class WorkUnits(LoadScopeScheduling):
+        """The work units the workers take one at a time: the tests of ``ONE_AT_A_TIME`` as one unit, first; a
+        module with a module-scoped fixture (a trained run, a cluster, a sweep) as one, so the fixture is built
+        once; every other test alone (the finest balance)."""
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.workqueue = OneAtATimeFirst()
+            config.option.loadscopereorder = False  # not by test count: the order above
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module in ONE_AT_A_TIME:
+                return together
+            return module if shares_module_fixture(config.rootpath / module) else nodeid
+
+    return WorkUnits(config, log)
+
+
+def shares_module_fixture(path: Path) -> bool:
+    """Whether the test module at ``path`` defines a module-scoped fixture."""
+    return 'scope="module"' in path.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="session")

@@ -239,7 +239,8 @@ def test_a_merge_cut_before_it_removed_the_parts_it_replaces_reads_every_row_onc
     assert [r["iteration"] for r in read_metrics(storage)] == [1, 2, 3, 4]
 
 
-def test_console_output_is_plain_lines_off_a_terminal_and_an_in_place_bar_on_one():
+def test_console_output_is_plain_lines_off_a_terminal_and_an_in_place_bar_on_one(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the bar is cut to the terminal's width: this test's, whatever runs it
     records = [
         {
             "iteration": i,

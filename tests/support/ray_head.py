@@ -10,6 +10,7 @@ those whose command line or environment names its temp dir, and their children (
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -23,10 +24,29 @@ from pathlib import Path
 RAY = str(Path(sys.executable).parent / "ray")
 
 
+_GIVEN: set[int] = set()  # ports free_port handed out in this process: never handed out twice
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port free now and not handed out before by this process, from a range of this pytest-xdist worker's own
+    (20000-32767, split by worker: two workers never pick the same port between its probe and its use; Ray's
+    worker ports are 10002-19999, the kernel's ephemeral ones from 32768)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...; "" without xdist
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker.startswith("gw") else 0
+    width = (32768 - 20000) // max(count, 1)
+    low = 20000 + index * width
+    for port in random.Random().sample(range(low, low + width), 200):
+        if port in _GIVEN:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))  # every address: a port another process holds on any is not free
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}-{low + width - 1}")
 
 
 def process_table() -> dict[int, tuple[int, str, bytes]]:
