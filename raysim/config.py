@@ -322,26 +322,39 @@ def check_config(config: Config, where: str = "config") -> None:
         check_pipeline(config, per_row, where)
     rows, counted = least_trained_rows(config)
     if config.model.recurrent != "none":
-        if not algorithm.trains_recurrent:
-            raise ConfigError(
-                f"{where}: algo {config.algo.name!r} does not train recurrent policies (model.recurrent: "
-                f"{config.model.recurrent}); use algo.name: ppo, or model.recurrent: none"
-            )
-        if config.shards.max is None and rows % minibatches:
-            raise ConfigError(
-                f"{where}: with model.recurrent a minibatch is whole rows: a learner rank's {rows} rows "
-                f"({counted}) must divide into algo.num_minibatches ({minibatches})"
-            )
-        if rows < minibatches:  # elastic: the rows vary, an uneven split uses them all (run_epochs)
-            raise ConfigError(
-                f"{where}: with model.recurrent a minibatch is whole rows: a learner rank can train on as few as "
-                f"{rows} rows ({counted}; elastic shards never go below shards.count), fewer than "
-                f"algo.num_minibatches ({minibatches})"
-            )
+        check_recurrent(config, algorithm.trains_recurrent, where)
     if per_row is not None and rows * per_row < minibatches:
         raise ConfigError(
             f"{where}: algo.num_minibatches ({minibatches}) is more than a learner rank's batch of {rows * per_row} "
             f"transitions ({counted} x {per_row} steps): lower it or collect more"
+        )
+
+
+def check_recurrent(config: Config, trains_recurrent: bool, where: str) -> None:
+    """A ``ConfigError`` for a setting a recurrent model (``model.recurrent``) cannot train with."""
+    rows, counted = least_trained_rows(config)
+    minibatches = config.algo.num_minibatches
+    if not trains_recurrent:
+        raise ConfigError(
+            f"{where}: algo {config.algo.name!r} does not train recurrent policies (model.recurrent: "
+            f"{config.model.recurrent}); use algo.name: ppo, or model.recurrent: none"
+        )
+    kl_coef = getattr(config.algo, "kl_coef", 0.0)
+    if kl_coef > 0:
+        raise ConfigError(
+            f"{where}: algo.kl_coef ({kl_coef}) pulls toward a frozen actor whose recurrent state at a chunk's start "
+            f"is unknown (model.recurrent: {config.model.recurrent}); set algo.kl_coef: 0, or model.recurrent: none"
+        )
+    if config.shards.max is None and rows % minibatches:
+        raise ConfigError(
+            f"{where}: with model.recurrent a minibatch is whole rows: a learner rank's {rows} rows "
+            f"({counted}) must divide into algo.num_minibatches ({minibatches})"
+        )
+    if rows < minibatches:  # elastic: the rows vary, an uneven split uses them all (run_epochs)
+        raise ConfigError(
+            f"{where}: with model.recurrent a minibatch is whole rows: a learner rank can train on as few as "
+            f"{rows} rows ({counted}; elastic shards never go below shards.count), fewer than "
+            f"algo.num_minibatches ({minibatches})"
         )
 
 

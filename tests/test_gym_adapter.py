@@ -352,3 +352,26 @@ def test_an_id_your_module_registers_is_named_module_colon_id_and_the_module_is_
     with pytest.raises(ValueError, match="cannot import 'no_such_module', the module that registers 'Mine-v0'"):
         make("gym:no_such_module:Mine-v0", 2)
     gym.registry.pop("Mine/Painted-v0")
+
+
+def test_a_native_vector_env_trains_until_its_counted_env_steps_reach_the_budget(tmp_path, capsys):
+    """Its reset transitions are not env steps: the run goes on past the 4 iterations of 4 x 16 steps, to 256 counted
+    steps, and a linear learning rate falls to 0 there."""
+    from raysim.cli import main
+    from raysim.records import read_metrics
+    from raysim.storage import open_storage
+
+    tiny = ["env.id=gym:CartPole-v1", "env.kwargs.vectorize=native", "env.num_envs=4", "algo.num_steps=16"]
+    tiny += ["algo.num_minibatches=2", "algo.update_epochs=1", "algo.lr=0.001", "algo.lr_schedule=linear"]
+    tiny += ["train.total_steps=256", "train.log_every=1", "eval.episodes=0", "train.sinks=[console, parquet]"]
+    run = tmp_path / "run"
+    assert (
+        main(["train", "cartpole_ppo", "--local", "--run-dir", str(run), *[a for s in tiny for a in ("--set", s)]]) == 0
+    )
+    rows = read_metrics(open_storage(run))
+    steps = [int(row["env_steps"]) for row in rows]
+    assert len(rows) > 4 and steps[-2] < 256 <= steps[-1]  # stopped at the first iteration that reached it
+    consumed = [0, *steps[:-1]]  # before each update
+    assert [row["lr"] for row in rows] == [0.001 * max(0.0, 1.0 - s / 256) for s in consumed]  # 0 at 256
+    out = capsys.readouterr().out
+    assert f"steps {steps[-1]:>9,}/256 ({100.0 * steps[-1] / 256:5.1f}%)" in out

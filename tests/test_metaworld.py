@@ -111,6 +111,38 @@ def test_end_on_success_terminates_an_episode_at_its_first_success():
     env.close()
 
 
+def test_grpo_groups_on_several_tasks_are_rows_of_one_task_that_share_a_start():
+    from raysim.models import ModelConfig
+    from raysim.rollout import EnvShard, GroupEpisodes
+
+    options = {"benchmark": None, "tasks": ["reach-v3", "push-v3"], "max_episode_steps": 3}
+    shard = EnvShard(ENV, 4, seed=0, env_kwargs=options, model=ModelConfig(critic=False))
+    chunk = shard.rollout({"version": 0, "actor": shard.actor.state_dict()}, GroupEpisodes(2, 3))
+    first = chunk.obs["policy"][0].reshape(2, 2, -1)  # the chunk's rows [2g, 2g + 2) are group g
+    assert torch.equal(first, first[:, :1].expand_as(first))  # one task (its one-hot id) and one start per group
+    assert first[:, 0, 39:].argmax(-1).tolist() == [0, 1]
+    assert torch.equal(chunk.episodes["group"], torch.arange(4) // 2)
+    assert torch.equal(chunk.episodes["return"], chunk.reward.sum(0))  # each row's record is its own steps'
+    task_of_row = chunk.obs["policy"][:, :, 39:].argmax(-1)
+    assert torch.equal(task_of_row, task_of_row[:1].expand_as(task_of_row))  # a row keeps its task through the round
+    shard.env.close()
+
+
+def test_grpo_groups_that_cannot_share_a_task_are_refused_at_config_time_in_one_line(tmp_path, capsys):
+    from raysim.cli import main
+
+    tiny = ["env.id=raysim/MetaWorld", "env.kwargs={benchmark: null, tasks: [reach-v3, push-v3]}", "env.num_envs=2"]
+    tiny += ["eval.num_envs=2", "algo.group_size=2"]
+    sets = [a for item in tiny for a in ("--set", item)]
+    assert main(["train", "cartpole_grpo", "--local", "--run-dir", str(tmp_path / "run"), *sets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith(
+        "algo.group_size: 2 does not divide the 1 rows of each task (env.num_envs 2 over the 2 tasks of "
+        "raysim/MetaWorld; row i plays task i mod 2): a GRPO group's members play one task"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_gym_meta_world_ids_are_refused_in_one_line_naming_the_native_id():
     with pytest.raises(UnknownEnvError, match="use env.id raysim/MetaWorld") as error:
         make("gym:Meta-World/MT1", 2, env_name="reach-v3")

@@ -15,6 +15,7 @@ from raysim.actors import LocalBackend
 from raysim.algos.decoupled import decouple
 from raysim.algos.epochs import sequence_steps, sequences, valid_steps
 from raysim.algos.ppo import PPOConfig
+from raysim.algos.reference import reference_of
 from raysim.checkpoint import locate_checkpoint
 from raysim.config import ConfigError
 from raysim.envs import make
@@ -322,12 +323,20 @@ def test_an_overlapped_recurrent_run_trains_and_counts_every_step(tmp_path):
     [
         ("cartpole_grpo", ["model.recurrent=gru"], "algo 'grpo' does not train recurrent policies"),
         (None, [*RECURRENT, "algo.num_minibatches=3"], "a learner rank's 4 rows (shards.count / learner.ranks x"),
+        (None, [*RECURRENT, "algo.kl_coef=0.1"], "algo.kl_coef (0.1) pulls toward a frozen actor whose recurrent"),
     ],
 )
 def test_settings_a_recurrent_policy_cannot_train_with_are_refused_in_one_line(config, overrides, expected):
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")) as caught:
         raysim.load_config(config, overrides)
     assert "\n" not in str(caught.value)
+
+
+def test_a_kl_reference_of_a_recurrent_actor_is_refused_its_state_at_a_chunks_start_is_unknown():
+    model, _ = model_and_shard()
+    with pytest.raises(ValueError, match="recurrent"):
+        reference_of(model.actor, PPOConfig(kl_coef=0.1))
+    assert reference_of(model.actor, PPOConfig(kl_coef=0.0)) is None  # no pull, nothing to replay
 
 
 def test_a_recurrent_actor_acting_without_a_row_state_says_so():

@@ -130,7 +130,7 @@ def ppo_loss(
     newlogprob, entropy, newvalue = model.evaluate(batch["obs"], batch["actions"], batch.get("sequences"))
     kl = torch.zeros((), device=newlogprob.device)
     if reference is not None:
-        kl = reference.kl(batch["obs"], batch["actions"], newlogprob, batch.get("sequences"))
+        kl = reference.kl(batch["obs"], batch["actions"], newlogprob)  # feed-forward: no sequences
     batch = valid_steps(batch)  # a recurrent model's: the steps of its sequences that are not padding, flat
     logratio = newlogprob - batch["logprobs"]
 

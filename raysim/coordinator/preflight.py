@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raysim.algos import algorithm_class
 from raysim.composition import ConfigError
 from raysim.config import Config
 from raysim.envs import make, stacked
@@ -19,6 +20,7 @@ from raysim.envs.messages import captured
 from raysim.envs.registry import row_multiple
 from raysim.envs.spaces import is_image_space
 from raysim.models import ActorCritic, ModelConfig
+from raysim.rollout import GroupEpisodes
 from raysim.rollout.policies import scripted_policy
 from raysim.storage import is_uri, unwritable
 
@@ -40,6 +42,7 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
         for key, count in (("env.num_envs", config.env.num_envs), ("eval.num_envs", config.eval.num_envs)):
             if count % rows:
                 raise RowCountError(f"{key}: {count} is not a multiple of {rows} ({env_id}: one row per task)")
+        check_groups(config, rows)
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
             env = make(env_id, rows, seed=0, success=config.env.success, **config.env.kwargs)
     except RowCountError as error:
@@ -76,6 +79,19 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
             raise
         print(f"raysim: note: {error}", flush=True)
     return env.observation_spaces, env.action_space
+
+
+def check_groups(config: Config, tasks: int) -> None:
+    """A ``RowCountError`` for GRPO groups that cannot be rows of one task each (``group_order``: row i plays task
+    i mod K, a group's members start from one state)."""
+    plan = algorithm_class(config.algo.name).collection(config.algo)
+    per_task = config.env.num_envs // tasks
+    if tasks > 1 and isinstance(plan, GroupEpisodes) and per_task % plan.group_size:
+        raise RowCountError(
+            f"algo.group_size: {plan.group_size} does not divide the {per_task} rows of each task (env.num_envs "
+            f"{config.env.num_envs} over the {tasks} tasks of {config.env.id}; row i plays task i mod {tasks}): a GRPO "
+            "group's members play one task"
+        )
 
 
 def check_image_settings(config: Config, model: ActorCritic, observation_spaces: dict[str, Any]) -> None:

@@ -1,9 +1,12 @@
 """``Schedule``: a run's iterations planned from its config: when its budget is reached, when it logs.
 
-With fixed batches every iteration collects rows x steps per row, so the budget ``train.total_steps`` is
-a number of iterations (``planned``); otherwise (grouped episodes, elastic shards, batches of the first
-chunks to arrive) the batch varies and the run stops on the env steps it collected. An algorithm without
-shards (BC) plans its own iterations.
+A run stops on the env steps it counted (a chunk's valid transitions). With fixed batches every iteration plays
+rows x steps per row, so the budget ``train.total_steps`` is rounded up to whole iterations (``planned``), whose
+steps are the learner's horizon; where some steps do not count (a native Gymnasium vector env's reset
+transitions, Atari's FIRE presses, rows masked for a non-finite value) the run goes on past ``planned`` until
+its counted steps reach that horizon. Otherwise (grouped episodes, elastic shards, batches of the first chunks
+to arrive) the batch varies and the horizon is the budget itself. An algorithm without shards (BC) plans its
+own iterations.
 """
 
 from __future__ import annotations
@@ -18,26 +21,28 @@ from raysim.coordinator.run_state import RunState
 
 @dataclass(frozen=True)
 class Schedule:
-    fixed_batches: bool  # every iteration collects the same rows x steps per row
-    planned: int  # the iterations the budget takes (the most, for varying batches)
-    horizon: int  # the learner's schedule, in env steps: what the planned iterations collect, else the budget
+    fixed_batches: bool  # every iteration plays the same rows x steps per row
+    planned: int  # the iterations the budget takes where every step counts (the most, for varying batches)
+    horizon: int  # the env steps the run counts to, the learner's schedule: the planned iterations', else the budget
     total_steps: int  # ``train.total_steps``
     log_every: int  # ``train.log_every``
+    shardless: bool = False  # no shards (BC): the budget is the planned iterations
 
     @classmethod
     def of(cls, config: Config) -> Schedule:
         planned, total = planned_iterations(config), config.train.total_steps
         plan = algorithm_class(config.algo.name).collection(config.algo)
         if plan is None:  # no shards (BC): the algorithm's own iterations, no env steps
-            return cls(True, planned, planned, total, config.train.log_every)
+            return cls(True, planned, planned, total, config.train.log_every, shardless=True)
         rows = config.shards.count * config.env.num_envs
         fixed = plan.steps_per_row is not None and not config.shards.max and config.shards.wait_fraction >= 1
         horizon = planned * rows * plan.steps_per_row if fixed else total
         return cls(fixed, planned, horizon, total, config.train.log_every)
 
     def budget_reached(self, state: RunState) -> bool:
-        """``train.total_steps``: the planned iterations of fixed batches, else the env steps collected."""
-        return state.iteration >= self.planned if self.fixed_batches else state.env_steps >= self.total_steps
+        """The env steps counted reach the horizon (``train.total_steps``, rounded up to whole iterations of fixed
+        batches); without shards (BC), the planned iterations."""
+        return state.iteration >= self.planned if self.shardless else state.env_steps >= self.horizon
 
     def log_due(self, iteration: int) -> bool:
         """A log step every ``train.log_every`` iterations, and at the run's last iteration where it is known
@@ -47,8 +52,8 @@ class Schedule:
 
 
 def planned_iterations(config: Config) -> int:
-    """The iterations ``train.total_steps`` takes at rows x steps per row each (the most, for varying batches), or
-    the algorithm's own count (no shards: BC)."""
+    """The iterations ``train.total_steps`` takes at rows x steps per row each (the most, for varying batches; the
+    fewest, where some steps do not count), or the algorithm's own count (no shards: BC)."""
     algorithm = algorithm_class(config.algo.name)
     planned = algorithm.planned_iterations(config.algo)
     if planned is not None:

@@ -21,6 +21,7 @@ into an *ending*, the object its loop consults::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -52,7 +53,8 @@ class FixedSteps:
 
 @dataclass(frozen=True)
 class GroupEpisodes:
-    """One episode per row; rows ``[gG, (g+1)G)`` start from one shared reset seed (GRPO groups).
+    """One episode per row; the chunk's rows ``[gG, (g+1)G)`` start from one shared reset seed (GRPO groups; on an
+    env of several tasks, rows of one task: ``group_order``).
 
     The round stops when every row finished, or after ``max_steps`` steps (running episodes are cut).
     ``keep_groups`` (dynamic sampling, ``raysim.rollout.dynamic_sampling``): play rounds until that many groups
@@ -351,6 +353,10 @@ class GroupEnding(Ending):
     (in row order): ``return``, ``length``, ``row``, ``group``, ``t`` (the step it finished at, or
     ``T-1`` when cut), ``finished`` and, where the env reports it, ``success`` (the env's report of the
     row's episode; False for a row whose episode did not end in the round: no report came).
+
+    Group g is the chunk's rows ``[gG, (g+1)G)``. On an env of K > 1 tasks (row r plays task ``r mod K``) the
+    chunk holds the env's rows in group order (``group_order``: each task's rows in turn), so that a group's
+    members play one task and can start from one state; with one task the chunk's rows are the env's.
     """
 
     def __init__(self, shard: Acting, plan: GroupEpisodes):
@@ -364,6 +370,7 @@ class GroupEnding(Ending):
                 f"keep_groups must be in 1..{groups} (the groups of a round) and max_rounds >= 1, "
                 f"got {plan.keep_groups} and {plan.max_rounds}"
             )
+        self.order = group_order(N, self.group_size, len(shard.env.task_names))
         self.active = torch.ones(N, dtype=torch.bool)
         self.episode_return = torch.zeros(N)
         self.episode_length = torch.zeros(N, dtype=torch.int64)
@@ -372,7 +379,7 @@ class GroupEnding(Ending):
         self.reports_success = shard.env.defines_success is True  # else: once a report carries it
 
     def begin(self) -> Obs:
-        obs = group_reset(self.shard, self.group_size, self.shard.group_rounds)
+        obs = group_reset(self.shard, self.group_size, self.shard.group_rounds, self.order)
         self.shard.group_rounds += 1
         self.chunk = ChunkBuffer(self.shard, obs, self.max_steps)
         return obs
@@ -418,27 +425,70 @@ class GroupEnding(Ending):
 
     def result(self, steps: int, obs: Obs) -> RolloutChunk:
         N, finished = self.active.numel(), self.finished_at >= 0
-        episodes = {
-            "return": self.episode_return,
-            "length": self.episode_length,
-            "row": torch.arange(N),
-            "group": torch.arange(N) // self.group_size,
-            "t": torch.where(finished, self.finished_at, steps - 1),
-            "finished": finished,
-        }
+        columns = {"return": self.episode_return, "length": self.episode_length}
+        columns.update(t=torch.where(finished, self.finished_at, steps - 1), finished=finished)
         if self.reports_success:
-            episodes["success"] = self.success
-        return self.chunk.build(steps, obs, episodes)
+            columns["success"] = self.success
+        if self.order is not None:  # the chunk's rows are the env's in group order
+            columns = {k: v[self.order] for k, v in columns.items()}
+        episodes = {"return": columns.pop("return"), "length": columns.pop("length"), "row": torch.arange(N)}
+        episodes.update(group=torch.arange(N) // self.group_size, **columns)
+        chunk = self.chunk.build(steps, obs, episodes)
+        return chunk if self.order is None else in_group_order(chunk, self.order)
+
+
+def in_group_order(chunk: RolloutChunk, order: torch.Tensor) -> RolloutChunk:
+    """A round's ``chunk`` (rows in the env's order) with its rows in group ``order`` (``group_order``): row i is the
+    env's row ``order[i]``; its ``episodes`` are left as they are (``GroupEnding`` writes them in group order)."""
+    place = torch.argsort(order)  # each env row's row in the chunk
+    final_row = place[chunk.final_row]
+    finals = torch.argsort(chunk.final_t * chunk.num_envs + final_row)  # by step, then row, as a chunk lists them
+
+    def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x[:, order]
+
+    return dataclasses.replace(
+        chunk,
+        obs={k: v[:, order] for k, v in chunk.obs.items()},
+        actions=rows(chunk.actions),
+        logp=rows(chunk.logp),
+        reward=rows(chunk.reward),
+        terminated=rows(chunk.terminated),
+        truncated=rows(chunk.truncated),
+        mask=rows(chunk.mask),
+        final_obs={k: v[finals] for k, v in chunk.final_obs.items()},
+        final_t=chunk.final_t[finals],
+        final_row=final_row[finals],
+        state0=None if chunk.state0 is None else chunk.state0[order],
+        starts=rows(chunk.starts),
+        memory=rows(chunk.memory),
+        final_state=None if chunk.final_state is None else chunk.final_state[finals],
+        labels=rows(chunk.labels),
+    )
 
 
 class GroupResetError(RuntimeError):
     """The env cannot start the members of a group from the same state."""
 
 
-def group_reset(shard: Acting, group_size: int, round_index: int) -> Obs:
+def group_order(num_envs: int, group_size: int, tasks: int) -> torch.Tensor | None:
+    """The env's rows in group order (group g: the ``group_size`` rows from place ``gG``) on an env of ``tasks`` > 1
+    tasks, where row r plays task ``r mod K``: each task's rows in turn, so that a group's members play one task;
+    None with one task (group g: rows ``[gG, (g+1)G)``, the rows' own order)."""
+    if tasks <= 1:
+        return None
+    if (num_envs // tasks) % group_size:
+        raise ValueError(
+            f"group_size {group_size} does not divide the {num_envs // tasks} rows of each of {tasks} tasks"
+        )
+    return torch.arange(num_envs).reshape(-1, tasks).T.reshape(-1)
+
+
+def group_reset(shard: Acting, group_size: int, round_index: int, order: torch.Tensor | None = None) -> Obs:
     """Reset every row, group members from one shared seed; check their observations are equal.
 
-    Group ``g`` of round ``k`` resets from ``derive_seed(shard.seed, 6, g, k)``.
+    Group ``g`` of round ``k`` resets from ``derive_seed(shard.seed, 6, g, k)``; its members are the rows
+    ``order[gG:(g+1)G]`` (``group_order``; None: rows ``[gG, (g+1)G)``).
     """
     env, N, G = shard.env, shard.env.num_envs, int(group_size)
     if G < 2 or N % G:
@@ -448,18 +498,20 @@ def group_reset(shard: Acting, group_size: int, round_index: int) -> Obs:
             f"{shard.env_id} does not guarantee equal initial states for equal reset seeds "
             "(seeded_reset is False), so GRPO groups cannot share a start; use PPO for this env."
         )
-    seeds = [derive_seed(shard.seed, 6, row // G, round_index) for row in range(N)]
+    order = torch.arange(N) if order is None else order
+    place = torch.argsort(order).tolist()  # each row's place in group order
+    seeds = [derive_seed(shard.seed, 6, place[row] // G, round_index) for row in range(N)]
     obs = env.reset_rows(torch.arange(N), seeds)
     if shard.memory is not None:
         shard.memory.restart(torch.arange(N))
     for name, value in obs.items():
-        grouped = value.reshape(N // G, G, -1)
+        grouped = value[order].reshape(N // G, G, -1)
         same = (grouped == grouped[:, :1]).all(-1).all(-1)
         if not bool(same.all()):
             g = int((~same).nonzero()[0])
             raise GroupResetError(
-                f"{shard.env_id}: the members of group {g} (rows {g * G}..{g * G + G - 1}) reset with the same "
-                f"seed but got different '{name}' observations; the env does not honour reset seeds, so "
+                f"{shard.env_id}: the members of group {g} (rows {order[g * G : g * G + G].tolist()}) reset with the "
+                f"same seed but got different '{name}' observations; the env does not honour reset seeds, so "
                 "GRPO cannot be used with it."
             )
     return {k: v.clone() for k, v in obs.items()}
