@@ -21,6 +21,7 @@ from raysim.coordinator.collector import Collector
 from raysim.coordinator.servers import Servers
 from raysim.coordinator.session import Session
 from raysim.envs import make
+from raysim.learner.window import episode_stats, episode_sums
 from raysim.models import Actor, ModelConfig
 from raysim.records import read_metrics
 from raysim.rollout import EnvShard
@@ -377,6 +378,35 @@ def test_a_pipelined_workers_chunk_joins_the_chunks_its_groups_collect_alone(pol
         assert chunk.num_envs == 6 and receipt["env_steps"] == 72 and len(state["groups"]) == 2
         finished |= set(chunk.final_row.tolist())
     assert finished & {3, 4, 5}  # the second group's finished rows, renumbered
+
+
+def test_a_pipelined_workers_chunk_keeps_the_episode_columns_whichever_group_ended_its_episodes():
+    """Group 1 starts fresh episodes after the first chunk: in the second chunk only group 0 ends one, in the third
+    only group 1. Each time the worker's chunk holds those episodes with every column the env reports, as an
+    unpipelined chunk does, so the learner takes the success rate."""
+    (env_id, _), model = POLICIES["gaussian-obs-norm"]
+    model = ModelConfig(**model)
+    made = dict(env_kwargs={"max_episode_steps": 4}, model=model)
+    probe = EnvShard(env_id, 1, **made)
+    server = PolicyServer(*probe.spaces()[:2], model)
+    key = server.load({"version": 1, "timeline": "a", "actor": Actor(*probe.spaces()[:2], model).state_dict()})
+    pipelined = PipelinedShard(env_id, 4, groups=2, seed=3, **made, server=server.act)
+    alone = [EnvShard(env_id, 2, seed=derive_seed(3, PIPELINE_GROUP, g), **made, server=server.act) for g in (0, 1)]
+    pipelined.collect(key, FixedSteps(2))
+    for shard in alone:
+        shard.rollout(key, 2)
+    pipelined.groups[1].start_fresh(9)
+    alone[1].start_fresh(9)
+    for ended in (0, 1):
+        chunk, _, _ = pipelined.collect(key, FixedSteps(2))
+        groups = [shard.rollout(key, 2) for shard in alone]
+        assert [g.episodes["row"].numel() > 0 for g in groups] == [ended == 0, ended == 1]
+        expected = {**groups[ended].episodes, "row": groups[ended].episodes["row"] + 2 * ended}
+        assert chunk.episodes.keys() == expected.keys() >= {"success", "failure", "return", "row", "t"}
+        assert all(torch.equal(chunk.episodes[k], expected[k]) for k in expected)
+        sums = episode_sums([chunk])
+        del sums["extremes"]
+        assert "success_rate" in episode_stats({k: float(v) for k, v in sums.items()})  # every episode reported it
 
 
 def test_a_server_lost_by_one_group_drops_every_groups_collection_and_they_start_fresh_episodes():
