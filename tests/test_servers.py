@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import raysim
-from raysim.actors import LocalBackend
+from raysim.actors import LocalBackend, RayBackend
 from raysim.checkpoint import locate_checkpoint
 from raysim.cli import main
 from raysim.coordinator import Trainer, faults
@@ -337,6 +337,50 @@ def test_a_server_that_dies_before_an_evaluation_is_replaced_and_the_evaluation_
         served = train(tmp_path / "served", SERVED_ON_RAY)
     assert kill.fired and "raysim: fault: policy server 0 died" in capsys.readouterr().out
     assert_same_run(served, train(tmp_path / "collocated", [*TINY, "shards.count=2", "backend=local"]))
+
+
+class ElasticLossThenServerLoss:
+    """A phase hook: after iteration 1 (three shards: two started, one added) shard 1 is lost with no room for a
+    replacement, so the shard added as 2 moves down to position 1; after iteration 2 policy server 0 dies, the server
+    of shards 0 and 2 (``servers.count`` 2)."""
+
+    def __init__(self, room: list[int]):
+        self.room, self.fired = room, []
+
+    def __call__(self, phase: str, iteration: int, session: Session) -> None:
+        if (phase, iteration) == ("collect", 1):
+            self.room[0] = 0
+            session.backend.kill(session.roles.shards[1])
+            self.fired.append("shard")
+        elif (phase, iteration) == ("collect", 2):
+            session.backend.kill(session.roles.servers.handles[0])
+            self.fired.append("server")
+
+
+@pytest.mark.slow
+def test_after_an_elastic_removal_a_dead_servers_shards_are_found_by_identity_and_the_run_goes_on(
+    ray_session, tmp_path, capsys, monkeypatch
+):
+    """The shard added as 2, now at position 1, asks server 0: it is pointed to server 0's replacement (and its
+    weights loaded there), not left calling the dead one while each recovery finds no server dead."""
+    room = [1]  # the cluster's room for one more shard, as the autoscaler sees it
+    monkeypatch.setattr(RayBackend, "room_for", lambda backend, request: room[0])
+    found, recover = [], Servers.recover
+
+    def recovering(servers: Servers, shards, why: str) -> bool:
+        found.append(recover(servers, shards, why))
+        assert found[-3:] != [False] * 3, "recoveries find no dead server: a shard keeps calling a dead one"
+        return found[-1]
+
+    monkeypatch.setattr(Servers, "recover", recovering)
+    elastic = ["shards.max=3", "servers.count=2", "servers.num_cpus=0.5", "eval.every=0", "eval.episodes=0"]
+    with faults.registered(hook := ElasticLossThenServerLoss(room)):
+        summary = train(tmp_path / "run", [*SERVED_ON_RAY, *elastic, "train.total_steps=1024"])
+    out = capsys.readouterr().out
+    assert hook.fired == ["shard", "server"] and found[0] is True, out
+    assert "elastic: added 1 shard(s)" in out and "continuing with 2 shards" in out
+    assert "raysim: fault: policy server 0 died" in out and "policy server 1 died" not in out
+    assert summary.iterations == 4 and summary.env_steps == 3 * 128 + 3 * 2 * 128
 
 
 @pytest.mark.parametrize(
