@@ -202,6 +202,24 @@ def test_row_counts_off_the_tasks_and_a_wrong_success_count_are_refused_in_one_l
     assert "env.success must be one of ['any', 'final'], got 'sometimes'" in capsys.readouterr().err
 
 
+def test_a_pipeline_whose_groups_split_the_tasks_is_refused_in_one_line_before_ray_starts(
+    tmp_path, capsys, ray_never_starts
+):
+    """Each group of a pipelined worker is an env of its own, of env.num_envs / servers.pipeline rows: MT10's ten
+    tasks over ten rows in two groups of five is refused at the config check, not as an internal error."""
+    from raysim.cli import main
+
+    pipelined = ["shards.placement=servers", "servers.pipeline=2"]
+    sets = [a for item in pipelined for a in ("--set", item)]
+    assert main(["train", "metaworld_mt10_ppo", "--run-dir", str(tmp_path / "run"), *sets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and not ray_never_starts and not (tmp_path / "run").exists()
+    assert err.endswith(
+        "env.num_envs / servers.pipeline: each group of a pipelined worker has 5 rows (10 / 2), not a multiple of 10 "
+        "(raysim/MetaWorld: one row per task)"
+    ), err
+
+
 @pytest.mark.slow  # ~13 s each on a quiet machine: 50 Sawyer envs and MT10's goal table
 @pytest.mark.parametrize("goals", ["benchmark", "sampled"])
 def test_mt10_evaluation_records_and_per_task_report_are_the_same_on_1x10_2x10_and_1x20_rows(goals):

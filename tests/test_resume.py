@@ -300,3 +300,58 @@ def test_a_run_whose_only_checkpoint_is_damaged_says_what_the_user_can_do(tmp_pa
     assert f"no intact checkpoint in {run_dir / 'checkpoints'}: checkpoint file {only / 'state.pt'}" in err
     assert f"1 checkpoint(s) of abandoned timelines in {run_dir / 'checkpoints' / 'abandoned'}" in err
     assert f"raysim train {run_dir / 'configs' / 'train.yaml'} --run-dir NEW_DIR" in err
+
+
+PLACEMENTS = {"collocated": ("collocated", 1), "servers": ("servers", 1), "pipelined": ("servers", 2)}
+
+
+def placed(name: str) -> list[str]:
+    """The settings of placement ``name`` (``PLACEMENTS``)."""
+    placement, pipeline = PLACEMENTS[name]
+    return [f"shards.placement={placement}", f"servers.pipeline={pipeline}"]
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [("pipelined", "servers"), ("servers", "pipelined"), ("collocated", "pipelined"), ("pipelined", "collocated")],
+)
+def test_a_resume_across_placements_continues_and_says_how_its_shards_continue(tmp_path, capsys, before, after):
+    """The rows of a pipelined worker's groups are not one env's rows: they start fresh episodes, said in the resume's
+    line; the run's config keeps the new setting, and a plain resume then runs to the end."""
+    run_dir = tmp_path / "run"
+    short = [*TINY, "train.total_steps=512", "eval.episodes=0", f"run_dir={run_dir}"]
+    raysim.Trainer(raysim.load_config(None, [*short, *placed(before), "train.stop_after=1"])).train()
+    capsys.readouterr()
+    raysim.Trainer.from_run_dir(run_dir, overrides=[*placed(after), "train.stop_after=1"]).train()
+    groups = "is that of 2 groups" if before == "pipelined" else "is not that of 2 groups"
+    assert f"shards continue fresh episodes (the saved state {groups}: servers.pipeline)" in capsys.readouterr().out
+    summary = raysim.Trainer.from_run_dir(run_dir).train()
+    assert "shards continue exactly" in capsys.readouterr().out
+    assert summary.iterations == 4 and summary.env_steps == 512
+    kept = raysim.load_config(run_dir / "configs" / "train.yaml")
+    assert (kept.shards.placement, kept.servers.pipeline) == PLACEMENTS[after]
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """The SHA-256 of every file under ``folder``, by its path there."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def test_a_resume_that_fails_while_restoring_changes_no_file_of_the_run(tmp_path, monkeypatch):
+    """Its new setting is not written into the run's config, and the checkpoint it would have abandoned (the newest,
+    damaged) is not retired: a resume that fails leaves the run as it found it."""
+    run_dir = tmp_path / "run"
+    saved = [*TINY, "checkpoint.every=1", "train.stop_after=2", f"run_dir={run_dir}"]
+    raysim.Trainer(raysim.load_config(None, saved)).train()
+    (run_dir / "checkpoints" / "2" / "state.pt").write_bytes(b"damaged")  # the resume would continue from 1
+    before = file_hashes(run_dir)
+
+    def set_state(shard: EnvShard, state: dict) -> str:
+        raise RuntimeError("the shard could not restore its state")
+
+    monkeypatch.setattr(EnvShard, "set_state", set_state)
+    with pytest.raises(RuntimeError, match="could not restore"):
+        raysim.Trainer.from_run_dir(run_dir, overrides=["shards.placement=servers", "train.total_steps=2048"]).train()
+    assert file_hashes(run_dir) == before

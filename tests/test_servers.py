@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import raysim
-from raysim.actors import LocalBackend
+from raysim.actors import LocalBackend, RayBackend
 from raysim.checkpoint import locate_checkpoint
 from raysim.cli import main
 from raysim.coordinator import Trainer, faults
@@ -21,6 +21,7 @@ from raysim.coordinator.collector import Collector
 from raysim.coordinator.servers import Servers
 from raysim.coordinator.session import Session
 from raysim.envs import make
+from raysim.learner.window import episode_stats, episode_sums
 from raysim.models import Actor, ModelConfig
 from raysim.records import read_metrics
 from raysim.rollout import EnvShard
@@ -338,6 +339,50 @@ def test_a_server_that_dies_before_an_evaluation_is_replaced_and_the_evaluation_
     assert_same_run(served, train(tmp_path / "collocated", [*TINY, "shards.count=2", "backend=local"]))
 
 
+class ElasticLossThenServerLoss:
+    """A phase hook: after iteration 1 (three shards: two started, one added) shard 1 is lost with no room for a
+    replacement, so the shard added as 2 moves down to position 1; after iteration 2 policy server 0 dies, the server
+    of shards 0 and 2 (``servers.count`` 2)."""
+
+    def __init__(self, room: list[int]):
+        self.room, self.fired = room, []
+
+    def __call__(self, phase: str, iteration: int, session: Session) -> None:
+        if (phase, iteration) == ("collect", 1):
+            self.room[0] = 0
+            session.backend.kill(session.roles.shards[1])
+            self.fired.append("shard")
+        elif (phase, iteration) == ("collect", 2):
+            session.backend.kill(session.roles.servers.handles[0])
+            self.fired.append("server")
+
+
+@pytest.mark.slow
+def test_after_an_elastic_removal_a_dead_servers_shards_are_found_by_identity_and_the_run_goes_on(
+    ray_session, tmp_path, capsys, monkeypatch
+):
+    """The shard added as 2, now at position 1, asks server 0: it is pointed to server 0's replacement (and its
+    weights loaded there), not left calling the dead one while each recovery finds no server dead."""
+    room = [1]  # the cluster's room for one more shard, as the autoscaler sees it
+    monkeypatch.setattr(RayBackend, "room_for", lambda backend, request: room[0])
+    found, recover = [], Servers.recover
+
+    def recovering(servers: Servers, shards, why: str) -> bool:
+        found.append(recover(servers, shards, why))
+        assert found[-3:] != [False] * 3, "recoveries find no dead server: a shard keeps calling a dead one"
+        return found[-1]
+
+    monkeypatch.setattr(Servers, "recover", recovering)
+    elastic = ["shards.max=3", "servers.count=2", "servers.num_cpus=0.5", "eval.every=0", "eval.episodes=0"]
+    with faults.registered(hook := ElasticLossThenServerLoss(room)):
+        summary = train(tmp_path / "run", [*SERVED_ON_RAY, *elastic, "train.total_steps=1024"])
+    out = capsys.readouterr().out
+    assert hook.fired == ["shard", "server"] and found[0] is True, out
+    assert "elastic: added 1 shard(s)" in out and "continuing with 2 shards" in out
+    assert "raysim: fault: policy server 0 died" in out and "policy server 1 died" not in out
+    assert summary.iterations == 4 and summary.env_steps == 3 * 128 + 3 * 2 * 128
+
+
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [
@@ -377,6 +422,35 @@ def test_a_pipelined_workers_chunk_joins_the_chunks_its_groups_collect_alone(pol
         assert chunk.num_envs == 6 and receipt["env_steps"] == 72 and len(state["groups"]) == 2
         finished |= set(chunk.final_row.tolist())
     assert finished & {3, 4, 5}  # the second group's finished rows, renumbered
+
+
+def test_a_pipelined_workers_chunk_keeps_the_episode_columns_whichever_group_ended_its_episodes():
+    """Group 1 starts fresh episodes after the first chunk: in the second chunk only group 0 ends one, in the third
+    only group 1. Each time the worker's chunk holds those episodes with every column the env reports, as an
+    unpipelined chunk does, so the learner takes the success rate."""
+    (env_id, _), model = POLICIES["gaussian-obs-norm"]
+    model = ModelConfig(**model)
+    made = dict(env_kwargs={"max_episode_steps": 4}, model=model)
+    probe = EnvShard(env_id, 1, **made)
+    server = PolicyServer(*probe.spaces()[:2], model)
+    key = server.load({"version": 1, "timeline": "a", "actor": Actor(*probe.spaces()[:2], model).state_dict()})
+    pipelined = PipelinedShard(env_id, 4, groups=2, seed=3, **made, server=server.act)
+    alone = [EnvShard(env_id, 2, seed=derive_seed(3, PIPELINE_GROUP, g), **made, server=server.act) for g in (0, 1)]
+    pipelined.collect(key, FixedSteps(2))
+    for shard in alone:
+        shard.rollout(key, 2)
+    pipelined.groups[1].start_fresh(9)
+    alone[1].start_fresh(9)
+    for ended in (0, 1):
+        chunk, _, _ = pipelined.collect(key, FixedSteps(2))
+        groups = [shard.rollout(key, 2) for shard in alone]
+        assert [g.episodes["row"].numel() > 0 for g in groups] == [ended == 0, ended == 1]
+        expected = {**groups[ended].episodes, "row": groups[ended].episodes["row"] + 2 * ended}
+        assert chunk.episodes.keys() == expected.keys() >= {"success", "failure", "return", "row", "t"}
+        assert all(torch.equal(chunk.episodes[k], expected[k]) for k in expected)
+        sums = episode_sums([chunk])
+        del sums["extremes"]
+        assert "success_rate" in episode_stats({k: float(v) for k, v in sums.items()})  # every episode reported it
 
 
 def test_a_server_lost_by_one_group_drops_every_groups_collection_and_they_start_fresh_episodes():

@@ -24,7 +24,8 @@ So every chunk is taken once, trained on or reported stale. A shard that dies is
 replacement collects the shard's queued chunks within the bound again, each with the weights it was
 queued with (in fresh episodes: the shard's state died with it); its stale chunks are lost with it.
 Elastic, with no room for a replacement, the shard is removed, with its chunks, when the call returns:
-the shards after it move down one index.
+the shards after it move down one index, each keeping its identity (``Roles.ids``: its seed, its policy server),
+which a replacement takes too.
 """
 
 from __future__ import annotations
@@ -183,8 +184,8 @@ class Collector:
         if not new:
             return
         self.generation += len(new)  # after a resume, shards added again play episodes none before them played
+        self.roles.add_shards(new, list(range(self.next_index, self.next_index + len(new))))
         self.next_index += len(new)
-        self.roles.add_shards(new)
         self.lanes = [*self.lanes, *(Lane(deque(), shard.call(EnvShard.get_state)) for shard in new)]
         print(f"raysim: elastic: added {len(new)} shard(s) for new capacity; {len(self.lanes)} shards now", flush=True)
 
@@ -259,8 +260,8 @@ class Collector:
         """``launch`` (its weights and plan) queued on shard ``i``'s actor: a new ``Launch`` with its futures. With
         policy servers the shard's server loads the weights first and the shard receives their key."""
         servers, key, weights = self.roles.servers, None, launch.weights
-        if servers is not None:
-            key = weights = self._key(servers.of(i), weights)
+        if servers is not None:  # the server the shard asks: by its identity, which elastic removals do not move
+            key = weights = self._key(servers.of(self.roles.ids[i]), weights)
         futures = self.roles.shards[i].call_split(EnvShard.collect, weights, launch.plan, returns=3)
         return Launch(launch.weights, launch.version, launch.plan, *futures, key)
 
@@ -321,7 +322,7 @@ class Collector:
         and started fresh episodes: ``EnvShard.collect``)."""
         lane = self.lanes[i]
         self.backend.discard(lane.futures())
-        self.roles.servers.recover([self.roles.shards, self.roles.eval_shards], describe(error))
+        self.roles.servers.recover(self.roles.served(), describe(error))
         kept = [launch for launch in lane.queue if self._within_bound(launch)]
         lane.queue = deque(self._launch(i, launch) for launch in kept)
 
@@ -359,8 +360,13 @@ class Collector:
             flush=True,
         )
         self.generation += 1
-        replacement = start_shard(
-            self.backend, config, i, generation=self.generation, teacher=self.roles.teacher, servers=self.roles.servers
+        replacement = start_shard(  # of the lost shard's identity: its server (``Servers.of``)
+            self.backend,
+            config,
+            self.roles.ids[i],
+            generation=self.generation,
+            teacher=self.roles.teacher,
+            servers=self.roles.servers,
         )
         self.roles.replace_shard(i, replacement)
         lane.state = self.roles.shards[i].call(EnvShard.get_state)  # before its first chunk

@@ -12,7 +12,7 @@ from typing import Any
 
 from raysim.algos import algorithm_class
 from raysim.composition import ConfigError
-from raysim.config import Config
+from raysim.config import Config, training_shards
 from raysim.envs import make, stacked
 from raysim.envs.errors import CannotRender, EnvOptionError, MissingDependencyError, UnknownEnvError
 from raysim.envs.gym_adapter import with_pictures
@@ -39,9 +39,7 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
     env_id = config.env.id
     try:
         rows = row_multiple(env_id, config.env.kwargs)  # 1 but for a task over the rows (K tasks: K rows)
-        for key, count in (("env.num_envs", config.env.num_envs), ("eval.num_envs", config.eval.num_envs)):
-            if count % rows:
-                raise RowCountError(f"{key}: {count} is not a multiple of {rows} ({env_id}: one row per task)")
+        check_row_counts(config, rows)
         check_groups(config, rows)
         with captured() as messages:  # what building the env prints, said here once (the shards keep theirs)
             env = make(env_id, rows, seed=0, success=config.env.success, **config.env.kwargs)
@@ -79,6 +77,21 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
             raise
         print(f"raysim: note: {error}", flush=True)
     return env.observation_spaces, env.action_space
+
+
+def check_row_counts(config: Config, rows: int) -> None:
+    """A ``RowCountError`` for a count of rows of one env that is not a multiple of ``rows`` (``row_multiple``): a
+    shard's, an evaluation shard's, and a pipelined worker's group's (``servers.pipeline``: an env of its own)."""
+    where = f"({config.env.id}: one row per task)"
+    for key, count in (("env.num_envs", config.env.num_envs), ("eval.num_envs", config.eval.num_envs)):
+        if count % rows:
+            raise RowCountError(f"{key}: {count} is not a multiple of {rows} {where}")
+    groups = config.servers.pipeline if config.shards.placement == "servers" and training_shards(config) else 1
+    if (config.env.num_envs // groups) % rows:
+        raise RowCountError(
+            f"env.num_envs / servers.pipeline: each group of a pipelined worker has {config.env.num_envs // groups} "
+            f"rows ({config.env.num_envs} / {groups}), not a multiple of {rows} {where}"
+        )
 
 
 def check_groups(config: Config, tasks: int) -> None:

@@ -100,13 +100,16 @@ def restore(
 ) -> Ready:
     """Load ``point``'s checkpoint into every learner rank and into the shards; the iteration it completed.
 
-    Later checkpoints and records are retired first. A run without a checkpoint (stopped before its
-    first one) starts over from its configs.
+    The roles are loaded before anything is written, so a restore that fails leaves the run's files as they were;
+    then later checkpoints and records are retired and the run's config takes the resume's settings. A run without
+    a checkpoint (stopped before its first one) starts over from its configs.
     """
     storage = checkpoints.storage
     if point.checkpoint is None:
         print(f"raysim: {run_dir} has no checkpoint: starting the run over from its configs", flush=True)
         storage.remove("tb")  # the records of the process that stopped go (metrics: with the sinks)
+    else:
+        how = load_roles(backend, roles, point.state)
     state = RunState.from_checkpoint(point.meta, point.state) if point.checkpoint else RunState()
     abandon_after(checkpoints, state.iteration)
     if point.force or point.new_config or point.changed:  # the run's own snapshot: what it now trains with
@@ -115,7 +118,6 @@ def restore(
         print(f"raysim: the run's config {storage.path(SNAPSHOT)} now keeps {', '.join(point.changed)}")
     if point.checkpoint is None:
         return Ready(state)
-    how = load_roles(backend, roles, point.state)
     shards = f"; shards continue {how}" if roles.shards else ""  # none: an algorithm without shards (BC)
     print(
         f"raysim: resuming {run_dir} from {storage.path(point.checkpoint.rel)} "

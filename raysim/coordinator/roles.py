@@ -32,18 +32,30 @@ class Roles:
     starts: dict = field(default_factory=dict)
     teacher: Any = None  # distillation's teacher for the training shards (an object ref: ``create_roles``), or None
     servers: Servers | None = None  # the policy servers the shards ask (shards.placement: servers), or None
+    # each training shard's identity, the index it was created with (its seed, its policy server): kept when it moves
+    # down after an elastic removal, and taken by its replacement; by default the shards' positions
+    ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        self.ids = self.ids or tuple(range(len(self.shards)))
 
     def replace_shard(self, index: int, shard: Handle) -> None:
-        """Training shard ``index`` is ``shard`` from now on."""
+        """Training shard ``index`` is ``shard`` from now on (of the same identity)."""
         self.shards = (*self.shards[:index], shard, *self.shards[index + 1 :])
 
-    def add_shards(self, shards: list[Handle]) -> None:
-        """``shards`` join the training shards, after the others."""
-        self.shards = (*self.shards, *shards)
+    def add_shards(self, shards: list[Handle], ids: list[int]) -> None:
+        """``shards`` (created as ``ids``) join the training shards, after the others."""
+        self.shards, self.ids = (*self.shards, *shards), (*self.ids, *ids)
 
     def remove_shards(self, indices: set[int]) -> None:
         """The training shards at ``indices`` are gone; the others keep their order."""
-        self.shards = tuple(s for i, s in enumerate(self.shards) if i not in indices)
+        kept = [i for i in range(len(self.shards)) if i not in indices]
+        self.shards, self.ids = tuple(self.shards[i] for i in kept), tuple(self.ids[i] for i in kept)
+
+    def served(self) -> list[list[tuple[int, Handle]]]:
+        """The shards that ask policy servers, each with its identity (``Servers.of``): the training shards, then the
+        evaluation shards."""
+        return [list(zip(self.ids, self.shards, strict=True)), list(enumerate(self.eval_shards))]
 
 
 def shard_request(config: Config) -> dict[str, float]:

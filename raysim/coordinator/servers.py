@@ -1,10 +1,12 @@
 """The policy servers of a run (``shards.placement: servers``): started, given each version of the weights, replaced.
 
-Shard ``i`` (training or evaluation) asks server ``i mod servers.count`` (``caller``). Before the shards act with a
-version of the weights, every server loads it (``load``: one copy per server, where the collocated placement sends
-one to every shard); the shards then receive only the version's key, the small ``(timeline, version)`` pair that
-``load`` returns. On Ray a server is ``BatchingServer`` (an async actor that batches the requests queued), in
-process a ``PolicyServer``.
+Shard ``i`` (training or evaluation; ``i`` the index it was created with, which it keeps after an elastic removal
+moved it down and which its replacement takes: ``Roles.ids``) asks server ``i mod servers.count`` (``of``,
+``caller``): the collector loads the weights and ``recover`` tells the shards by that index too. Before the shards
+act with a version of the weights, every server loads it (``load``: one copy per server, where the collocated
+placement sends one to every shard); the shards then receive only the version's key, the small ``(timeline,
+version)`` pair that ``load`` returns. On Ray a server is ``BatchingServer`` (an async actor that batches the
+requests queued), in process a ``PolicyServer``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Servers:
         )
 
     def of(self, shard: int) -> int:
-        """The server of shard ``shard``."""
+        """The server of the shard created as index ``shard`` (its identity, not its position)."""
         return shard % len(self.handles)
 
     def caller(self, shard: int) -> Callable[..., Any]:
@@ -70,16 +72,16 @@ class Servers:
         """Every server loads ``weights`` (a future, or the value in process); each one's key (futures)."""
         return [handle.call(PolicyServer.load, weights) for handle in self.handles]
 
-    def recover(self, shard_groups: list[Sequence[Handle]], why: str) -> bool:
-        """Replace every server that died and point the shards it served (of each group: the training shards, the
-        evaluation shards) to its replacement; whether one had died."""
+    def recover(self, shard_groups: list[Sequence[tuple[int, Handle]]], why: str) -> bool:
+        """Replace every server that died and point the shards it served (of each group, ``(identity, shard)``
+        pairs: ``Roles.served``) to its replacement; whether one had died."""
         dead = [j for j, handle in enumerate(self.handles) if not self.backend.alive(handle, PolicyServer.held)]
         for j in dead:
             self.replace(j, why)
         told = [
             shard.call(EnvShard.use_server, self.caller(k))
             for shards in shard_groups
-            for k, shard in enumerate(shards)
+            for k, shard in shards
             if self.of(k) in dead
         ]
         self.backend.get(told)

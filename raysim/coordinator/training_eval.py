@@ -63,7 +63,7 @@ def evaluate_iteration(session: Session, iteration: int, env_steps: int) -> Eval
                 )
             break
         except Exception as error:  # a policy server that died: replaced, the evaluation played again (by index)
-            if roles.servers is None or not roles.servers.recover([roles.shards, roles.eval_shards], describe(error)):
+            if roles.servers is None or not roles.servers.recover(roles.served(), describe(error)):
                 raise
     write_evaluation(storage, iteration, report.records)
     if cfg.eval.video and storage.exists(video):

@@ -81,10 +81,18 @@ def _rebuild_chunk(state: dict) -> RolloutChunk:
     return RolloutChunk(**from_arrays(state))
 
 
+def join_reports(reports: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Episode reports (at least one) joined in order, with the columns every one of them has: a column some lack
+    (``success``) is left out, so a rate is never taken over part of the episodes (``learner.window``)."""
+    keys = set.intersection(*(set(report) for report in reports))
+    return {k: torch.cat([report[k] for report in reports]) for k in sorted(keys)}
+
+
 def concat_rows(chunks: list[RolloutChunk]) -> RolloutChunk:
     """One chunk of the rows of several chunks of the same steps, in order (a pipelined worker's groups of rows:
     ``raysim.rollout.pipelined``): per-step tensors joined along the rows, the finished rows' and the episodes' row
-    indices moved by the rows before them, the counts summed."""
+    indices moved by the rows before them, the counts summed. The episodes keep the columns an unpipelined chunk of
+    the same rows keeps (``join_reports`` of those that ended one)."""
     first, offsets = chunks[0], [0]
     for chunk in chunks[:-1]:
         offsets.append(offsets[-1] + chunk.num_envs)
@@ -93,8 +101,9 @@ def concat_rows(chunks: list[RolloutChunk]) -> RolloutChunk:
         values = [getattr(c, name) for c in chunks]
         return None if values[0] is None else torch.cat(values, dim)
 
-    episodes = {k: torch.cat([c.episodes[k] for c in chunks]) for k in first.episodes}
-    episodes["row"] = torch.cat([c.episodes["row"] + o for c, o in zip(chunks, offsets, strict=True)])
+    moved = [{**c.episodes, "row": c.episodes["row"] + o} for c, o in zip(chunks, offsets, strict=True)]
+    ended = [e for e in moved if e["row"].numel()]  # a chunk that ended no episode has no say in the columns
+    episodes = join_reports(ended) if ended else moved[0]
     return RolloutChunk(
         obs={g: torch.cat([c.obs[g] for c in chunks], 1) for g in first.obs},
         actions=rows("actions"),

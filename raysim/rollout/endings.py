@@ -30,7 +30,7 @@ import torch
 
 from raysim.envs.contract import BatchedEnv, Obs, Step
 from raysim.models import ActionSampling, RowMemory
-from raysim.rollout.chunk import RolloutChunk
+from raysim.rollout.chunk import RolloutChunk, join_reports
 from raysim.rollout.policies import EvalPolicy, scripted_policy
 from raysim.rollout.teacher import Teacher
 from raysim.rollout.trajectories import Trajectories
@@ -304,8 +304,7 @@ def finished_episodes(finals: list[tuple[int, Step]]) -> dict[str, torch.Tensor]
     if not ended:
         empty = torch.empty(0, dtype=torch.int64)
         return {"length": empty, "return": torch.empty(0), "row": empty.clone(), "t": empty.clone()}
-    keys = set.intersection(*(set(s.episodes) for _, s in ended))
-    episodes = {k: torch.cat([s.episodes[k] for _, s in ended]) for k in sorted(keys)}
+    episodes = join_reports([s.episodes for _, s in ended])
     episodes["row"] = torch.cat([s.ended_rows() for _, s in ended])
     episodes["t"] = torch.cat([torch.full_like(s.ended_rows(), t) for t, s in ended])
     return episodes

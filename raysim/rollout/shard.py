@@ -216,7 +216,13 @@ class EnvShard:
 
     def set_state(self, state: dict[str, Any]) -> str:
         """Continue from a ``get_state`` result; returns how (exactly, or with fresh episodes). What it keeps it
-        copies (the env's ``set_state`` too): the tensors may be read-only views of the object store."""
+        copies (the env's ``set_state`` too): the tensors may be read-only views of the object store. A pipelined
+        worker's state (``servers.pipeline``: its groups' envs, not one of all the rows): fresh episodes."""
+        groups = state.get("groups")
+        if groups is not None:
+            self.steps_done, self.resets = (sum(int(group[k]) for group in groups) for k in ("steps_done", "resets"))
+            self.start_fresh(self.steps_done)
+            return f"fresh episodes (the saved state is that of {len(groups)} groups: servers.pipeline)"
         self.generator.set_state(state["generator"])
         self.steps_done, self.resets, self.group_rounds = state["steps_done"], state["resets"], state["group_rounds"]
         rows = next(iter(state["obs"].values())).shape[0]
