@@ -15,7 +15,8 @@ Where this differs from CleanRL's script, and why:
 
 - CleanRL's replay buffer is Stable-Baselines3's; here it is a NumPy ring buffer with the same contents
   (observations as float32, ``next_obs``, actions, rewards, ``dones`` = terminated only) and the same
-  uniform draw of rows (``np.random.randint``), without SB3's draw of an env index (one env).
+  uniform draw of rows (``np.random.randint``), without SB3's draw of an env index (one env); it holds
+  min(1M, total steps) rows, the same buffer for any run that never fills 1M.
 - CleanRL steps a ``SyncVectorEnv`` of one env written for gymnasium < 1.0 (same-step autoreset, the real
   final observation in ``infos["final_observation"]``); under Gymnasium 1.x's next-step autoreset that
   code would store a reset step as a transition. Here one ``gymnasium.make`` env is stepped and reset by
