@@ -669,11 +669,11 @@ def main(argv: list[str] | None = None) -> int:
         code = measure(args)
         if code:
             return code
-    lines = [line for line in read_results(path) if line["row"] in args.rows]
+    lines = read_results(path)  # every row's: the page's tables
     if not lines:
-        print(f"raysim bench rllib: no results in {path}", file=sys.stderr)
+        print(f"raysim bench rllib: no results in {path} (the recorded ones: --out {RECORDED})", file=sys.stderr)
         return 2
-    text = table(read_results(path))
+    text = table(lines)
     (args.out / TABLE).write_text(text)
     print(text, end="")
     return 0
