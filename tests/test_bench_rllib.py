@@ -53,8 +53,9 @@ def test_rllib_is_given_raysims_values_for_the_aligned_keys_and_raysims_placemen
     peer = peer_module("rllib_ppo")
     command = rllib.rllib_command(*runs[("cartpole", 0)], args)
     chosen = peer.settings(peer.parse(command[2:]))
-    assert command[command.index("--env-runners") + 1] == "1" and command[command.index("--cpus-per-runner") + 1] == "1.0"
-    assert command[command.index("--solve") + 1] == "475.0" and command[command.index("--eval-every") + 1] == "10000"
+    given = dict(zip(command[2::2], command[3::2], strict=False))  # --option value, up to the alignment flags
+    assert given["--env-runners"] == "1" and given["--cpus-per-runner"] == "1.0"  # raysim's placement
+    assert given["--solve"] == "475.0" and given["--eval-every"] == "10000" and given["--eval-episodes"] == "100"
     assert chosen["num_envs_per_env_runner"] == 8 and chosen["rollout_fragment_length"] == 128  # cartpole_ppo's
     assert chosen["train_batch_size_per_learner"] == 1024 and chosen["minibatch_size"] == 256
     assert chosen["num_epochs"] == 10 and chosen["lr"] == [[0, 2.5e-3], [40_000, 0.0]]

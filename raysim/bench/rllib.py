@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -354,13 +355,14 @@ def planned(args: argparse.Namespace) -> list[tuple[Row, Run]]:
 
 def record(row: Row, run: Run, args: argparse.Namespace) -> dict[str, Any]:
     """Run one side (a fresh process, or this one with ``--local``) and return its results line."""
-    started, load_start = now(), load()
+    started, load_start, begin = now(), load(), time.perf_counter()
     if args.local:
         result, memory = run_raysim(row, run, args), None
     else:
         command = rllib_command(row, run, args) if run.peer == RLLIB else raysim_command(run, args)
         result, memory = run_process(command, args.memory_every)
     result = {k: v for k, v in result.items() if k not in ("event", "task", "seed", "steps")}
+    result["process_seconds"] = time.perf_counter() - begin  # the whole run: imports, evaluations, shutdown too
     return {
         "bench": "rllib",
         "row": run.row,
