@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,21 @@ def test_memory_sums_the_pss_of_a_process_and_every_process_under_it():
         process.wait()
     summary = memory.summary()
     assert summary["processes_peak"] == 2 and summary["pss_peak_mib"] >= 64 and summary["uss_peak_mib"] >= 64
+
+
+def test_a_stopped_bench_stops_the_run_under_way_with_it():
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rllib.run_process([sys.executable, "-c", "import time; time.sleep(30)"], 0.2)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    left = [p for p in rllib.vendored_psutil().Process().children() if "time.sleep(30)" in " ".join(p.cmdline())]
+    assert not left
 
 
 def result(row: str, peer: str, seed: int, **figures) -> dict:

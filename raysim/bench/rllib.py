@@ -37,6 +37,7 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -318,16 +319,20 @@ def run_process(command: list[str], every: float) -> tuple[dict[str, Any], dict[
     lines on stdout; other lines pass to stderr) and its memory summary."""
     results = []
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
-        with MemorySampler(process.pid, every) as memory:
-            for text in process.stdout:
-                try:
-                    line = json.loads(text)
-                except json.JSONDecodeError:
-                    line = None
-                if isinstance(line, dict) and line.get("event") == "result":
-                    results.append(line)
-                else:  # progress: the iterations and evaluations, and anything else printed
-                    print(text, end="", file=sys.stderr, flush=True)
+        try:
+            with MemorySampler(process.pid, every) as memory:
+                for text in process.stdout:
+                    try:
+                        line = json.loads(text)
+                    except json.JSONDecodeError:
+                        line = None
+                    if isinstance(line, dict) and line.get("event") == "result":
+                        results.append(line)
+                    else:  # progress: the iterations and evaluations, and anything else printed
+                        print(text, end="", file=sys.stderr, flush=True)
+        except BaseException:  # the bench stopped (Ctrl-C, SIGTERM): the run under way stops with it
+            process.terminate()
+            raise
         code = process.wait()
     if code != 0 or not results:
         raise RunFailed(f"{' '.join(command[:4])} ... exited {code} without its result (its output is above)")
@@ -386,6 +391,15 @@ def measure(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / RESULTS
     done = {line_key(line) for line in read_results(path)}
+    stopping = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # ends the run under way
+    try:
+        return measure_runs(args, path, done)
+    finally:
+        signal.signal(signal.SIGTERM, stopping)
+
+
+def measure_runs(args: argparse.Namespace, path: Path, done: set[tuple]) -> int:
+    """The planned runs not ``done``, one after the other; 1 at the first that fails (those before it are kept)."""
     for row, run in planned(args):
         if run.key() in done:
             continue
