@@ -481,7 +481,7 @@ def add_bench(commands, common) -> None:
     bench.add_argument(
         "name",
         choices=(
-            "collect solve scale mujoco atari metaworld finetune distill startup store serving placement sinks"
+            "collect solve scale mujoco atari metaworld finetune distill startup store serving placement sinks rllib"
         ).split(),
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
         "scale: env steps/s against shards, lockstep and overlapped; startup: start-up against Ray's floor; "
@@ -493,7 +493,9 @@ def add_bench(commands, common) -> None:
         "store: object-store bytes over a 500-iteration run stay flat; "
         "serving: a step's round trip to a policy server (Ray call, Compiled Graph, in-process) and the step split; "
         "placement: collocated shards against env workers + a policy server: policy bytes held and moved, USS, "
-        "env steps/s; sinks: training env steps/s with the Parquet sink alone and with W&B as well",
+        "env steps/s; sinks: training env steps/s with the Parquet sink alone and with W&B as well; "
+        "rllib: raysim's PPO beside RLlib's on the same tasks, budgets and placement: env steps/s, time to solve, "
+        "returns, memory",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     bench.set_defaults(run=bench_command)
