@@ -23,18 +23,10 @@ from raysim.models.pretrained import load_pretrained
 from raysim.rollout import EnvShard
 from raysim.rollout.inference import inference
 from raysim.rollout.teacher import Teacher
+from tests.test_finetune import TINY
 
 SPACES = {"policy": gym.spaces.Box(-math.inf, math.inf, (6,))}
 ACTIONS = gym.spaces.Box(-1.0, 1.0, (3,))
-TINY = [
-    "backend=local",
-    "env.num_envs=4",
-    "algo.num_steps=16",
-    "algo.num_minibatches=2",
-    "algo.update_epochs=1",
-    "eval.episodes=0",
-    "train.sinks=[]",
-]
 
 
 def trained_looking(model: torch.nn.Module, scale: float = 1.0, seed: int = 0) -> torch.nn.Module:
