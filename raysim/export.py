@@ -2,8 +2,9 @@
 
 The exported module maps a batch of the actor's observations to the deterministic action batch
 that ``raysim eval`` takes (``Actor.deterministic`` then ``Actor.env_action``): discrete tasks give
-int64 ``argmax`` indices ``[B]``; continuous tasks the Gaussian mean, clipped to the action space
-(``model.action_transform: clip``) or squashed into it (``squash``), float32 ``[B, *action_shape]``.
+int64 ``argmax`` indices ``[B]``; continuous tasks the Gaussian mean (``Actor.mean_of``: the network's first
+D outputs, of 2 D with ``model.log_std: state``), clipped to the action space (``model.action_transform: clip``)
+or squashed into it (``squash``), float32 ``[B, *action_shape]``.
 It needs torch (TorchScript) or an ONNX runtime, not raysim. An actor that reads one vector group
 (``model.actor_inputs``, default ``[policy]``) takes one tensor ``[B, *obs_shape]`` (float32), as
 before named inputs; any other (several groups, an image group with its CNN) takes a dict of its
@@ -55,13 +56,14 @@ class ExportError(RuntimeError):
 class DeterministicPolicy(nn.Module):
     """observation batch -> deterministic env action batch, with optional baked-in normalization."""
 
-    __constants__ = ["normalize", "discrete", "squash", "clip", "epsilon"]  # TorchScript folds the branches
+    __constants__ = ["normalize", "discrete", "squash", "clip", "epsilon", "width"]  # TorchScript folds the branches
 
     def __init__(self, actor: Actor):
         super().__init__()
         self.net = actor.net
         self.discrete = bool(actor.discrete)
         self.squash = bool(getattr(actor, "squash", False))
+        self.width = int(actor.sampling.width)  # the logits, or the mean: the first of the net's outputs
         norm = getattr(actor, "obs_norm", None)
         self.normalize = norm is not None
         self.epsilon = float(norm.epsilon) if norm is not None else DEFAULT_EPSILON
@@ -95,7 +97,7 @@ class DeterministicPolicy(nn.Module):
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
         """The network on its input, then argmax (discrete) or the mean into the action space."""
-        out = self.net(x)
+        out = self.net(x)[:, : self.width]
         if self.discrete:
             return out.argmax(-1)
         return to_action_space(out, self.action_low, self.action_high, self.squash)

@@ -30,6 +30,10 @@ RUNS = {
     "reach_clip": ("reach_ppo", ["env.num_envs=8", "algo.num_steps=16"]),
     "reach_squash": ("reach_ppo", ["env.num_envs=8", "algo.num_steps=16", "model.action_transform=squash"]),
     "reach_norm": ("reach_ppo", ["env.num_envs=8", "algo.num_steps=16", "model.obs_norm=true"]),
+    "reach_state": (  # a log-std per state: the net's outputs are the mean, then the log-std, and the export the mean
+        "reach_ppo",
+        ["env.num_envs=8", "algo.num_steps=16", "model.log_std=state", "model.action_transform=squash"],
+    ),
 }
 
 
@@ -166,7 +170,7 @@ def onnx_runtime():
     )
 
 
-@pytest.mark.parametrize("name", ["cartpole", "reach_squash"])
+@pytest.mark.parametrize("name", ["cartpole", "reach_squash", "reach_state"])
 def test_onnx_policy_equals_raysim_actions(runs, name, tmp_path):
     ort = onnx_runtime()
     out = tmp_path / "policy.onnx"

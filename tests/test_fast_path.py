@@ -342,21 +342,25 @@ def plain_gaussian_chunks(env_id, num_envs, seed, weights, config, steps, env_kw
         ("raysim/Reach", 8, {"max_episode_steps": 15}, {"obs_norm": True, "recurrent": "gru", "recurrent_size": 8}),
         ("gym:Pendulum-v1", 5, {"max_episode_steps": 25}, {"obs_norm": True, "action_transform": "squash"}),
         ("gym:Pendulum-v1", 5, {"max_episode_steps": 25}, {"obs_norm": False, "action_transform": "clip"}),
+        ("raysim/Reach", 8, {"max_episode_steps": 15}, {"obs_norm": True, "log_std": "state"}),
+        ("raysim/Reach", 8, {"max_episode_steps": 15}, {"log_std": "state", "recurrent": "gru", "recurrent_size": 8}),
     ],
 )
 def test_a_gaussian_actors_chunks_equal_the_general_paths_bitwise(env_id, num_envs, env_kwargs, config):
     """``EnvShard.sample_gaussian`` (fused MLP, in place) draws what ``Actor.sample`` draws: the same actions,
-    log-probabilities, generator state and so the same observations, rewards and values, with new weights (log-std
-    and normalizer statistics) in every chunk."""
+    log-probabilities, generator state and so the same observations, rewards and values, with new weights (log-std,
+    or the net's log-std outputs with ``log_std: state``, and normalizer statistics) in every chunk."""
     steps, seed = 30, 4
     config = ModelConfig(init_log_std=-0.5, obs_norm_clip=2.0, **config)  # a small clip: clamping happens
     shard = EnvShard(env_id, num_envs, seed=seed, env_kwargs=env_kwargs, model=config)
     torch.manual_seed(seed)
     model = ActorCritic(*shard.spaces()[:2], config)
     weights = []
+    moved = [model.actor.log_std] if model.actor.log_std is not None else list(model.actor.net[-1].parameters())
     for version in range(2):
         with torch.no_grad():
-            model.actor.log_std.add_(0.3 * torch.randn_like(model.actor.log_std))
+            for p in moved:
+                p.add_(0.3 * torch.randn_like(p))
         if model.actor.obs_norm is not None:
             model.actor.obs_norm.update(torch.randn(200, model.actor.obs_norm.mean.numel()) * 3 + version)
         weights.append({"version": version, "actor": {k: v.clone() for k, v in model.actor.state_dict().items()}})

@@ -96,6 +96,15 @@ def test_an_actor_of_other_shapes_is_refused_in_one_line_naming_the_tensors(sour
     assert "\n" not in message and "actor.net.0.weight" in message and "model.init_from" in message
 
 
+def test_an_actor_with_the_other_kind_of_log_std_is_refused_in_one_line_naming_the_tensors(source_run):
+    config = raysim.load_config("reach_ppo", [*TINY, f"model.init_from={source_run}", "model.log_std=state"])
+    with pytest.raises(ConfigError) as caught:
+        raysim.Trainer(config)
+    message = str(caught.value)
+    assert "\n" not in message and "model.init_from" in message
+    assert "actor.net.4.weight [2, 64] vs [4, 64]" in message  # a log-std per state: the mean's outputs, then its
+
+
 def test_a_missing_source_is_one_line_and_another_env_is_said_not_refused(source_run, tmp_path, capsys):
     with pytest.raises(ConfigError, match="model.init_from .*nowhere"):
         raysim.Trainer(raysim.load_config("reach_ppo", [*TINY, f"model.init_from={tmp_path / 'nowhere'}"]))

@@ -42,6 +42,7 @@ CAMERA_MODEL = {"actor_inputs": ["camera", "joints"], "cnn_features": 8, "hidden
 POLICIES = {
     "discrete": (CARTPOLE, {"hidden_sizes": [16, 16]}),
     "gaussian-obs-norm": (REACH, {"hidden_sizes": [16, 16], "obs_norm": True, "init_log_std": -0.5}),
+    "gaussian-state-std": (REACH, {"hidden_sizes": [16, 16], "log_std": "state", "action_transform": "squash"}),
     "lstm": (STATELESS, {"recurrent": "lstm", "recurrent_size": 8, "hidden_sizes": [16]}),
     "gru": (STATELESS, {"recurrent": "gru", "recurrent_size": 8, "hidden_sizes": [16]}),
     "camera-keypoints": (CAMERA, {**CAMERA_MODEL, "cnn": "keypoints"}),
@@ -110,7 +111,7 @@ def test_a_worker_served_alone_collects_bitwise_the_chunks_of_a_collocated_shard
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "stochastic"])
-@pytest.mark.parametrize("policy", ["discrete", "gaussian-obs-norm", "lstm", "camera-keypoints"])
+@pytest.mark.parametrize("policy", ["discrete", "gaussian-obs-norm", "gaussian-state-std", "lstm", "camera-keypoints"])
 def test_a_workers_evaluation_records_equal_a_collocated_shards(policy, deterministic):
     collocated, worker, weights, key = placements(policy, rows=3)
     plan = EvalEpisodes([2, 1, 2], row_offset=0, seed=5, max_steps=40, deterministic=deterministic)

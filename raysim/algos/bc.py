@@ -65,7 +65,7 @@ def bc_loss(model: ActorCritic, batch: Batch, config: BCConfig) -> tuple[torch.T
         loss = torch.nn.functional.cross_entropy(out, batch["actions"].long())
         accuracy = (out.argmax(-1) == batch["actions"]).float().mean()
         return loss, {"bc_loss": loss, "accuracy": accuracy.detach()}
-    error = (out - batch["actions"]).square().mean()
+    error = (actor.mean_of(out) - batch["actions"]).square().mean()
     if config.loss == "nll":
         loss = -actor.log_prob_entropy_of(out, batch["actions"])[0].mean()
     else:

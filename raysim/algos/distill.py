@@ -74,7 +74,7 @@ def distill_loss(model: ActorCritic, batch: Batch) -> tuple[torch.Tensor, dict[s
         loss = -(teacher_probs * out.log_softmax(-1)).sum(-1).mean()
         agreement = (out.argmax(-1) == labels.argmax(-1)).float().mean()
         return loss, {"distill_loss": loss, "agreement": agreement.detach()}
-    loss = (out - labels).square().mean()
+    loss = (actor.mean_of(out) - labels).square().mean()
     return loss, {"distill_loss": loss}
 
 

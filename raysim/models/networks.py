@@ -19,7 +19,10 @@ which hold only the actor, compute the one state a chunk carries). The learner r
 The shards hold only the ``Actor``; the learner holds the whole ``ActorCritic``. Both are built
 from the env's spaces and one ``ModelConfig``, so a shard's actor loads the learner's actor weights.
 
-Continuous actions: the actor samples a Gaussian action ``u`` (state-independent log-std); the
+Continuous actions: the actor samples a Gaussian action ``u``, its log-std one learned parameter per action
+dimension (``model.log_std: parameter``, PPO's) or an output of the net per state (``state``, SAC's: the net's
+outputs are the mean, then the log-std bounded into [``LOG_STD_MIN``, ``LOG_STD_MAX``] by tanh, as CleanRL's
+``sac_continuous_action``); ``Actor.mean_log_std`` reads both from the net's output. The
 chunk stores ``u`` and its log-probability, and the env receives ``env_action(u)``: ``u`` clipped
 to the action space (``action_transform: clip``) or ``tanh(u)`` scaled into it (``squash``).
 The PPO ratio is the same in ``u`` and in the transformed action, so no Jacobian term is needed.
@@ -55,6 +58,9 @@ class Tanh(nn.Module):
 
 
 ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+
+#: The bounds of a log-std computed per state (``model.log_std: state``): CleanRL's SAC's.
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 def _group_names(value: object) -> str | None:
@@ -100,7 +106,15 @@ class ModelConfig:
     )
     activation: str = setting("tanh", help="between the layers", choices=tuple(ACTIVATIONS))
     action_transform: str = setting("clip", help="continuous actions into the action space", choices=("clip", "squash"))
-    init_log_std: float = setting(0.0, help="initial log standard deviation of Gaussian actions")
+    log_std: str = setting(
+        "parameter",
+        help="Gaussian actions' log-std: one learned value per action dimension (PPO's), or an output of the actor's "
+        "network per state, bounded to [-5, 2] (state: SAC's)",
+        choices=("parameter", "state"),
+    )
+    init_log_std: float = setting(
+        0.0, help="initial log standard deviation of Gaussian actions (log_std: state: in every state, within (-5, 2))"
+    )
     critic: bool = setting(True, help="build a value network (critic-free algorithms default to false)")
     obs_norm: bool = setting(False, help="normalize the vector inputs of actor and critic by running mean and variance")
     obs_norm_clip: float = setting(
@@ -141,13 +155,23 @@ class Actor(GroupInputs):
         super().__init__(observation_spaces, config.actor_inputs, "model.actor_inputs", config)
         self.sampling = ActionSampling(action_space, config.action_transform)
         self.discrete = self.sampling.discrete
-        out_dim = self.sampling.width
+        state_std = config.log_std == "state"
+        if state_std and self.discrete:
+            raise ValueError(
+                "model.log_std: state gives Gaussian actions a log-std per state; discrete actions have none: "
+                "leave model.log_std at parameter"
+            )
+        width = self.sampling.width
         recurrent = config.recurrent != "none"
         self.core = RecurrentCore(config.recurrent, self.in_dim, config.recurrent_size) if recurrent else None
         net_in = self.core.size if self.core is not None else self.in_dim
-        self.net = mlp(net_in, config.hidden_sizes, out_dim, config.activation, 0.01)
+        self.net = mlp(net_in, config.hidden_sizes, 2 * width if state_std else width, config.activation, 0.01)
+        self.log_std = None  # the learned log-std (``parameter``); none for discrete actions or a log-std per state
         if not self.discrete:
-            self.log_std = nn.Parameter(torch.full((out_dim,), float(config.init_log_std)))
+            if state_std:
+                self.reset_log_std(_checked_init_log_std(config.init_log_std))
+            else:
+                self.log_std = nn.Parameter(torch.full((width,), float(config.init_log_std)))
             self.register_buffer("action_low", self.sampling.low.clone(), persistent=False)  # moved with the actor
             self.register_buffer("action_high", self.sampling.high.clone(), persistent=False)
             self.squash = self.sampling.squash
@@ -159,11 +183,12 @@ class Actor(GroupInputs):
         encoded: Mapping[str, torch.Tensor] | None = None,
         memory: RowMemory | None = None,
     ) -> torch.Tensor:
-        """Logits (discrete) or the Gaussian mean (continuous); ``by_row``: the MLP (and recurrent core) computes
-        each row bitwise the same in any batch (``raysim.models.rowwise``; evaluation). CNN features are computed
-        the normal, batched way (a convolution row-wise would cost many times more): with image inputs a row's
-        action may differ in its last bits with the batch it is computed in. ``encoded``: image features already
-        computed. ``memory``: the rows' recurrent state (a recurrent actor's), moved on by this step."""
+        """The network's output: logits (discrete) or the Gaussian's parameters (``mean_log_std``). ``by_row``: the
+        MLP (and recurrent core) computes each row bitwise the same in any batch (``raysim.models.rowwise``;
+        evaluation). CNN features are computed the normal, batched way (a convolution row-wise would cost many
+        times more): with image inputs a row's action may differ in its last bits with the batch it is computed in.
+        ``encoded``: image features already computed. ``memory``: the rows' recurrent state (a recurrent actor's),
+        moved on by this step."""
         x = self.features(obs, encoded)
         if self.core is not None:
             if memory is None:
@@ -213,22 +238,50 @@ class Actor(GroupInputs):
 
     def act_with(self, out: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The action and its log-probability for the network's output ``out`` and the rows' ``draws``: the argmax of
-        ``probs / draws`` (``sample_categorical``), or ``mean + draws * std``."""
+        ``probs / draws`` (``sample_categorical``), or ``mean + draws * std`` (the std per row or one for all)."""
         if self.discrete:
             log_probs = out.log_softmax(-1)
             action = torch.div(log_probs.exp(), draws).argmax(-1)
             return action, log_probs.gather(1, action.unsqueeze(1)).squeeze(1)
-        action = out + draws * self.log_std.exp()
-        logp = -0.5 * draws.square().sum(-1) - self.log_std.sum() - 0.5 * math.log(2 * math.pi) * out.shape[-1]
+        mean, log_std = self.mean_log_std(out)
+        action = mean + draws * log_std.exp()
+        logp = -0.5 * draws.square().sum(-1) - log_std.sum(-1) - 0.5 * math.log(2 * math.pi) * mean.shape[-1]
         return action, logp
+
+    def mean_log_std(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian's mean and log-std for the network's output ``out``: ``out`` and the log-std parameter, or
+        (``model.log_std: state``) the first D columns and the last D bounded into [LOG_STD_MIN, LOG_STD_MAX]."""
+        if self.log_std is not None:
+            return out, self.log_std
+        raw = out[..., self.sampling.width :]
+        return self.mean_of(out), LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1)
+
+    def mean_of(self, out: torch.Tensor) -> torch.Tensor:
+        """The Gaussian mean in the network's output ``out`` (logits as they are): what imitation fits, a teacher
+        labels with and the deterministic action is."""
+        return out if self.log_std is not None or self.discrete else out[..., : self.sampling.width]
+
+    def mode_of(self, out: torch.Tensor) -> torch.Tensor:
+        """The most likely action for the network's output ``out``: the argmax of the logits, or the mean."""
+        return out.argmax(-1) if self.discrete else self.mean_of(out)
+
+    def reset_log_std(self, value: float) -> None:
+        """Gaussian exploration from ``value`` again, in every state: the log-std parameter filled with it, or the
+        network's log-std outputs made constant (their weights zero, their bias the value's preimage)."""
+        with torch.no_grad():
+            if self.log_std is not None:
+                self.log_std.fill_(float(value))
+                return
+            head, width = self.net[-1], self.sampling.width
+            head.weight[width:].zero_()
+            head.bias[width:].fill_(math.atanh(2 * (value - LOG_STD_MIN) / (LOG_STD_MAX - LOG_STD_MIN) - 1))
 
     def deterministic(
         self, obs: dict[str, torch.Tensor] | torch.Tensor, by_row: bool = False, memory: RowMemory | None = None
     ) -> torch.Tensor:
         """The mode: argmax for discrete actions, the mean for continuous ones (``by_row``, ``memory``: as in
         ``forward``)."""
-        out = self(obs, by_row, memory=memory)
-        return out.argmax(-1) if self.discrete else out
+        return self.mode_of(self(obs, by_row, memory=memory))
 
     def log_prob_entropy(
         self,
@@ -246,12 +299,14 @@ class Actor(GroupInputs):
         return self.log_prob_entropy_of(self.net(self.replay(obs, sequences, encoded)[valid]), actions[valid])
 
     def log_prob_entropy_of(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probability of ``actions`` and the entropy under the network's output ``out`` (logits or the mean)."""
+        """Log-probability of ``actions`` and the entropy under the network's output ``out`` (logits, or the Gaussian's
+        parameters: ``mean_log_std``)."""
         if self.discrete:
             log_probs = out.log_softmax(-1)
             logp = log_probs.gather(1, actions.long().unsqueeze(1)).squeeze(1)
             return logp, -(log_probs.exp() * log_probs).sum(-1)
-        dist = torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
+        mean, log_std = self.mean_log_std(out)
+        dist = torch.distributions.Normal(mean, log_std.exp().expand_as(mean))
         return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
@@ -259,6 +314,16 @@ class Actor(GroupInputs):
         if self.discrete:
             return action
         return to_action_space(action, self.action_low, self.action_high, self.squash)
+
+
+def _checked_init_log_std(value: float) -> float:
+    """``model.init_log_std`` for a log-std per state: strictly within its bounds, or a ValueError naming the key."""
+    if not LOG_STD_MIN < value < LOG_STD_MAX:
+        raise ValueError(
+            f"model.init_log_std: {value} is outside ({LOG_STD_MIN:g}, {LOG_STD_MAX:g}), the bounds of a log-std per "
+            "state (model.log_std: state)"
+        )
+    return float(value)
 
 
 def sample_categorical(

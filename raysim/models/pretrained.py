@@ -3,8 +3,10 @@
 The driver reads the other run's checkpoint and checks it (``mismatched_actor``); the learner loads it into
 its freshly built model before the algorithm is constructed (``load_pretrained``), so anything the algorithm
 copies at construction (a KL reference) is the pretrained actor. The observation statistics
-(``obs_norm``) come with the weights; the Gaussian's log-std starts again from ``model.init_log_std``, so
-fine-tuning explores as the config says rather than as narrowly as cloning left it.
+(``obs_norm``) come with the weights; the Gaussian's log-std starts again from ``model.init_log_std`` (with
+``model.log_std: state``, in every state: ``Actor.reset_log_std``), so fine-tuning explores as the config says
+rather than as narrowly as cloning left it. An actor of the other log-std kind does not fit (``mismatched_actor``:
+the net's last layer is twice as wide with a log-std per state, and only the other has ``log_std``).
 """
 
 from __future__ import annotations
@@ -45,11 +47,10 @@ def fitting_critic(model: ActorCritic, saved: dict[str, torch.Tensor]) -> dict[s
 
 def load_pretrained(model: ActorCritic, saved: dict[str, torch.Tensor], init_log_std: float) -> None:
     """``saved``'s actor into ``model`` (it must fit: ``mismatched_actor``), its critic where every tensor fits
-    (``fitting_critic``), the log-std reset to ``init_log_std``."""
+    (``fitting_critic``), the log-std reset to ``init_log_std`` (``Actor.reset_log_std``)."""
     model.actor.load_state_dict(actor_state(saved))
     critic = fitting_critic(model, saved)
     if critic is not None:
         model.critic.load_state_dict(critic)
     if not model.actor.discrete:
-        with torch.no_grad():
-            model.actor.log_std.fill_(float(init_log_std))
+        model.actor.reset_log_std(init_log_std)

@@ -187,7 +187,7 @@ class Acting:
                 return [ActReply(None, None, None, output[a:b].cpu()) for a, b in spans(rows)]
             out = self.output(obs, memory, first.by_row)
             if first.draws is None:
-                action, logp = (out.argmax(-1) if actor.discrete else out), None
+                action, logp = actor.mode_of(out), None
             else:
                 action, logp = actor.act_with(out, cat([r.draws for r in requests], device))
         state, output = (None, None) if memory is None else (memory.state, memory.output)
@@ -197,7 +197,7 @@ class Acting:
         ]
 
     def output(self, obs: Obs, memory: RowMemory | None, by_row: bool) -> torch.Tensor:
-        """The network's output (logits or the Gaussian mean) for the rows."""
+        """The network's output (logits or the Gaussian's parameters: ``Actor.mean_log_std``) for the rows."""
         actor = self.actor
         if by_row or self.fused is None:
             return actor(obs, by_row, memory=memory)

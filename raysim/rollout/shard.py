@@ -332,27 +332,29 @@ class EnvShard:
     def sample_gaussian(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         """``Actor.sample`` for a continuous actor, bitwise, written into ``action`` [N, D] and ``logp`` [N]: the same
         normal draws from the generator, then ``mean + noise * std`` and ``-0.5 * sum(noise^2) - sum(log_std)
-        - D log(2 pi) / 2``, each operation as ``Actor.sample`` does it, in place."""
+        - D log(2 pi) / 2``, each operation as ``Actor.sample`` does it, in place. With a log-std per state
+        (``model.log_std: state``) the fused net's output goes through ``Actor.act_with`` itself: the std is new at
+        every step, so there is nothing to compute once."""
         if self.server is not None:
             return self._sample_served(obs, action, logp)
         acting = self._fused_acting()
         if acting is None:
             return self._sample_into(obs, action, logp)
-        mean, noise = acting.output(obs), acting.first
-        noise.normal_(generator=self.generator)  # what torch.randn(mean.shape, generator=...) draws
+        out, noise = acting.output(obs), acting.first
+        noise.normal_(generator=self.generator)  # what torch.randn(noise.shape, generator=...) draws
+        if acting.std is None:
+            return self._write(action, logp, *self.actor.act_with(out, noise))
         torch.mul(noise, acting.std, out=action)
-        torch.add(mean, action, out=action)
+        torch.add(out, action, out=action)  # the net's output is the mean
         torch.sum(torch.square(noise, out=acting.second), -1, out=logp)
-        logp.mul_(-0.5).sub_(acting.log_std_sum).sub_(0.5 * math.log(2 * math.pi) * mean.shape[-1])
+        logp.mul_(-0.5).sub_(acting.log_std_sum).sub_(0.5 * math.log(2 * math.pi) * noise.shape[-1])
         return action
 
     def _sample_served(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         """``Actor.sample`` on the policy server: the draws made here from the generator, as the collocated shard
         makes them; the action and its log-probability written into ``action`` and ``logp``."""
         reply = self.ask(obs, self.sampling.draws(action.shape[0], self.generator))
-        action.copy_(reply.action)
-        logp.copy_(reply.logp)
-        return action
+        return self._write(action, logp, reply.action, reply.logp)
 
     def ask(self, obs: Obs, draws: torch.Tensor | None, by_row: bool = False, peek: bool = False) -> ActReply:
         """The policy server's reply for the rows (``ActRequest``); their recurrent state moves on, unless ``peek``
@@ -395,7 +397,11 @@ class EnvShard:
 
     def _sample_into(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         """``Actor.sample`` through the actor's own forward (a CNN's), copied into ``action`` and ``logp``."""
-        sampled, logp_now = self.actor.sample(obs, self.generator, memory=self.memory)
+        return self._write(action, logp, *self.actor.sample(obs, self.generator, memory=self.memory))
+
+    @staticmethod
+    def _write(action: torch.Tensor, logp: torch.Tensor, sampled: torch.Tensor, logp_now: torch.Tensor) -> torch.Tensor:
+        """A sample and its log-probability copied into the chunk's ``action`` and ``logp``."""
         action.copy_(sampled)
         logp.copy_(logp_now)
         return action
@@ -490,7 +496,8 @@ class EnvShard:
 
 class FusedActing:
     """An MLP actor for one acting run: its net through ``MLPInference``, after its recurrent core where it has one,
-    and two scratch buffers of the net's output shape; for a Gaussian actor ``exp(log_std)`` and ``sum(log_std)``.
+    and two scratch buffers of the draws' shape; for a Gaussian actor with a log-std parameter ``exp(log_std)`` and
+    ``sum(log_std)`` (None with a log-std per state).
 
     The weights do not change within a run, so what depends on them alone (those two and the input normalizer's
     divisor) is computed once, as ``Actor.sample`` computes it at every step.
@@ -499,13 +506,15 @@ class FusedActing:
     def __init__(self, actor: Actor, memory: RowMemory | None, rows: int):
         self.actor, self.memory = actor, memory
         self.net = MLPInference(actor.net, actor.obs_norm if actor.core is None else None, fixed=True)
-        width = actor.net[-1].out_features
+        width = actor.sampling.width  # the net's output is twice as wide with a log-std per state
         self.first, self.second = torch.empty(rows, width), torch.empty(rows, width)
-        if not actor.discrete:
+        self.std = self.log_std_sum = None
+        if actor.log_std is not None:
             self.std, self.log_std_sum = actor.log_std.exp(), actor.log_std.sum()
 
     def output(self, obs: Obs) -> torch.Tensor:
-        """The net's output for ``obs`` (logits or the Gaussian mean): a buffer that the next step overwrites."""
+        """The net's output for ``obs`` (logits or the Gaussian's parameters): a buffer that the next step
+        overwrites."""
         actor = self.actor
         if actor.core is None:
             return self.net(actor.vector_input(obs))

@@ -39,13 +39,13 @@ class Teacher:
         self.actor = Actor(spaces, action_space, ModelConfig(**weights["model"]))
         self.actor.load_state_dict(weights["actor"])
         self.actor.requires_grad_(False)
-        self.width = self.actor.net[-1].out_features  # the label's: action dimensions, or actions (logits)
+        self.width = self.actor.sampling.width  # the label's: action dimensions, or actions (logits)
 
     def label(self, obs: Obs, out: torch.Tensor | None = None) -> torch.Tensor:
         """The teacher's output [N, A] for the rows' observations: its Gaussian mean before the action transform,
         or its logits; written into ``out`` when given."""
         with inference(self.actor):
-            value = self.actor({name: obs[group] for name, group in self.inputs.items()})
+            value = self.actor.mean_of(self.actor({name: obs[group] for name, group in self.inputs.items()}))
         return value if out is None else out.copy_(value)
 
     def action(self, label: torch.Tensor) -> torch.Tensor:
