@@ -7,8 +7,10 @@ the teacher's output on the teacher's groups (``RolloutChunk.labels``, ``raysim.
 learns by regression on the labels at the states it visits. No critic, no rewards in the loss.
 
 Loss: continuous actions, the squared error between the student's Gaussian mean and the teacher's, both before
-the action transform (the log-std is not trained: the student's exploration stays ``model.init_log_std``);
-discrete actions, the cross-entropy from the teacher's action probabilities to the student's.
+the action transform; a teacher of another ``model.action_transform`` than the student's is distilled in the
+actions the env receives (its label is the mean whose student transform gives the teacher's env action:
+``raysim.rollout.teacher``). The log-std is not trained: the student's exploration stays ``model.init_log_std``.
+Discrete actions, the cross-entropy from the teacher's action probabilities to the student's.
 
 The teacher is read once by the driver, copied into the run (``raysim.coordinator.teacher``) and sent to each
 shard once, when it is created.
