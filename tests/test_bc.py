@@ -221,3 +221,18 @@ def test_a_dataset_recorded_on_another_env_is_said_in_one_line_and_cloned(tmp_pa
     assert "env.kwargs.max_episode_steps: the dataset has 5, this config has " in said[0]
     clone(tmp_path / "same", "test/same-v0", "algo.updates=2", "algo.num_minibatches=2").train()
     assert "algo.dataset" not in capsys.readouterr().out
+
+
+def test_with_squash_the_squared_error_is_the_executed_actions_and_the_nll_that_of_the_squashed_distribution():
+    from raysim.algos.bc import BCConfig, bc_loss
+    from raysim.models import ActorCritic, ModelConfig
+
+    model = ActorCritic(*EnvShard("raysim/Reach", 1).spaces()[:2], ModelConfig(critic=False, action_transform="squash"))
+    obs = {"policy": torch.randn(6, model.actor.in_dim)}
+    actions = torch.randn(6, 2) * 2  # as the policy samples them: the atanh of the executed ones
+    loss, metrics = bc_loss(model, {"obs": obs, "actions": actions}, BCConfig())
+    executed = model.actor.env_action(model.actor(obs))
+    assert torch.allclose(loss, (executed - model.actor.env_action(actions)).square().mean(), atol=1e-6)
+    assert metrics["action_mse"] == loss
+    nll, _ = bc_loss(model, {"obs": obs, "actions": actions}, BCConfig(loss="nll"))
+    assert torch.allclose(nll, -model.actor.log_prob_entropy(obs, actions)[0].mean())

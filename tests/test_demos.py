@@ -406,3 +406,18 @@ def test_a_native_tasks_dataset_recovers_its_gymnasium_env_with_the_recorded_opt
     with pytest.raises(ValueError, match="env_spec is None"):  # no Gymnasium id: said by Minari
         record("raysim/camera-v0", "reach_camera_ppo", CAMERA, episodes=1)
         minari.load_dataset("raysim/camera-v0").recover_environment()
+
+
+def test_a_gym_ids_spec_is_gymnasiums_own_with_the_envs_options_and_the_step_limit_but_not_the_adapters():
+    from raysim.envs.gym_vector import gymnasium_spec
+
+    spec = gymnasium_spec(
+        "gym:CartPole-v1", {"vectorize": "async", "max_episode_steps": 7, "sutton_barto_reward": True}
+    )
+    assert spec.id == "CartPole-v1" and spec.kwargs == {"sutton_barto_reward": True} and spec.max_episode_steps == 7
+    env = gym.make(spec)
+    env.reset(seed=0)
+    assert env.spec.max_episode_steps == 7 and env.step(0)[0].shape == (4,)
+    assert gymnasium_spec("raysim/ReachCamera", {}) is None and gymnasium_spec("raysim/CartPole", {}).kwargs == {
+        "task": "raysim/CartPole"
+    }

@@ -11,10 +11,12 @@ rows and checkpoints come every iteration as in any run.
 The observation normalizer (``model.obs_norm``) is fitted once, from every step of the dataset, before
 the first update, and then stays fixed. The default loss on continuous actions is the squared error of
 the Gaussian's mean (a likelihood would shrink the log-std without bound on a deterministic expert);
-``loss: nll`` trains the log-std too. Both fit the actions as the policy samples them, before
-``model.action_transform`` (the dataset's reader maps an expert's env actions back through it: for ``squash``,
-the nll is then the squashed distribution's log-likelihood up to a constant). Discrete actions: cross-entropy on
-the logits.
+``loss: nll`` trains the log-std too. The dataset's actions are read as the policy samples them, before
+``model.action_transform`` (the reader maps an expert's env actions back through it). With ``squash`` the
+squared error is taken through the tanh, in the action space: the executed action then estimates the
+demonstrated one's mean as a clipped mean does (a squared error of atanh'd targets would average where the
+expert is near a bound in the tanh's far tail, and pull toward the bounds); the nll is of the atanh'd targets,
+the squashed distribution's log-likelihood up to a constant. Discrete actions: cross-entropy on the logits.
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ def bc_loss(model: ActorCritic, batch: Batch, config: BCConfig) -> tuple[torch.T
         loss = torch.nn.functional.cross_entropy(out, batch["actions"].long())
         accuracy = (out.argmax(-1) == batch["actions"]).float().mean()
         return loss, {"bc_loss": loss, "accuracy": accuracy.detach()}
-    error = (out - batch["actions"]).square().mean()
+    if actor.squash:  # in the action space, through the tanh (in units of its half range), as a clipped mean is
+        error = (torch.tanh(out) - torch.tanh(batch["actions"])).square().mean()
+    else:
+        error = (out - batch["actions"]).square().mean()
     if config.loss == "nll":
         loss = -actor.log_prob_entropy_of(out, batch["actions"])[0].mean()
     else:
