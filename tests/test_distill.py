@@ -231,6 +231,14 @@ def test_the_loss_is_the_squared_error_of_the_means_or_the_cross_entropy_from_th
     assert metrics["agreement"] == (logits.argmax(-1) == labels.argmax(-1)).float().mean()
 
 
+def test_a_squash_students_loss_is_the_squared_error_of_the_actions_the_env_receives():
+    model = ActorCritic(*EnvShard("raysim/Reach", 1).spaces()[:2], ModelConfig(critic=False, action_transform="squash"))
+    obs, labels = {"policy": torch.randn(6, model.actor.in_dim)}, torch.randn(6, 2) * 2
+    loss, _ = distill_loss(model, {"obs": obs, "labels": labels})
+    executed, taught = model.actor.env_action(model.actor(obs)), model.actor.env_action(labels)
+    assert torch.allclose(loss, (executed - taught).square().mean(), atol=1e-6)
+
+
 # -- runs ------------------------------------------------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ import torch
 from raysim.algos.base import Algorithm, Collectives
 from raysim.algos.epochs import Batch, run_epochs, select
 from raysim.algos.guard import GuardedStep
-from raysim.models import ActorCritic
+from raysim.models import Actor, ActorCritic
 from raysim.models.normalizer import moments
 from raysim.rollout import RolloutChunk
 from raysim.schema import setting
@@ -76,6 +76,16 @@ def steps_per_iteration(config: BCConfig) -> int:
     return config.num_minibatches * config.update_epochs
 
 
+def action_error(actor: Actor, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean squared error of a Gaussian actor's means ``out`` against ``target`` (both before the action
+    transform): of the means themselves (clip), or through the tanh, between the actions the env receives, in units
+    of half the range (squash), so that the executed action estimates the target's mean as a clipped mean does (a
+    squared error before the tanh averages in its far tail and pulls toward the bounds). BC's and distillation's."""
+    if actor.squash:
+        return (torch.tanh(out) - torch.tanh(target)).square().mean()
+    return (out - target).square().mean()
+
+
 def bc_loss(model: ActorCritic, batch: Batch, config: BCConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The behaviour-cloning loss of one minibatch and its metrics."""
     actor = model.actor
@@ -84,10 +94,7 @@ def bc_loss(model: ActorCritic, batch: Batch, config: BCConfig) -> tuple[torch.T
         loss = torch.nn.functional.cross_entropy(out, batch["actions"].long())
         accuracy = (out.argmax(-1) == batch["actions"]).float().mean()
         return loss, {"bc_loss": loss, "accuracy": accuracy.detach()}
-    if actor.squash:  # in the action space, through the tanh (in units of its half range), as a clipped mean is
-        error = (torch.tanh(out) - torch.tanh(batch["actions"])).square().mean()
-    else:
-        error = (out - batch["actions"]).square().mean()
+    error = action_error(actor, out, batch["actions"])
     if config.loss == "nll":
         loss = -actor.log_prob_entropy_of(out, batch["actions"])[0].mean()
     else:
