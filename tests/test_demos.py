@@ -6,6 +6,8 @@ own API. Needs ``raysim[demos]`` (Minari with HDF5).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 
 import gymnasium as gym
@@ -363,16 +365,27 @@ def record_meta_world(dataset_id: str, config: str, overrides: list[str], policy
     return record_demonstrations(dataset_id, 1, config=config, policy=policy, overrides=settings, backend="local")
 
 
-def test_meta_world_expert_actions_are_recorded_clipped_as_the_env_received_them(capsys):
-    recorded = record_meta_world("raysim/pick-place-expert-v0", "metaworld_pick_place_bc", [])
+@pytest.fixture(scope="module")
+def pick_place_expert(tmp_path_factory):
+    """One episode of the pick-place expert, recorded once: what ``record_demonstrations`` returned, the datasets'
+    root and what recording printed."""
+    root = tmp_path_factory.mktemp("pick-place") / "datasets"
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setenv("MINARI_DATASETS_PATH", str(root))
+        recorded = record_meta_world("raysim/pick-place-expert-v0", "metaworld_pick_place_bc", [])
+    return recorded, root, printed.getvalue()
+
+
+def test_meta_world_expert_actions_are_recorded_clipped_as_the_env_received_them(pick_place_expert, monkeypatch):
+    recorded, root, printed = pick_place_expert
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
     actions = minari.load_dataset("raysim/pick-place-expert-v0")[0].actions
     assert np.abs(actions).max() == 1.0  # the expert asks for more (up to ~2.5): the env clips it
-    steps = recorded.report.records[0]["trajectory"]
-    obs, rewards = replayed(
-        "metaworld_pick_place_bc", ["env.kwargs.max_episode_steps=60"], recorded.report.records[0]["seed"], actions
-    )
-    assert torch.equal(rewards, torch.from_numpy(steps["reward"]))  # the recorded actions replay the episode
-    assert "distinct episodes" not in capsys.readouterr().out  # goals: sampled: none is an evaluation episode
+    record_ = recorded.report.records[0]
+    _, rewards = replayed("metaworld_pick_place_bc", ["env.kwargs.max_episode_steps=60"], record_["seed"], actions)
+    assert torch.equal(rewards, torch.from_numpy(record_["trajectory"]["reward"]))  # they replay the episode
+    assert "distinct episodes" not in printed  # goals: sampled: none is an evaluation episode
 
 
 def test_recording_with_benchmark_goals_says_that_the_episodes_are_among_the_evaluations(capsys):
@@ -382,9 +395,11 @@ def test_recording_with_benchmark_goals_says_that_the_episodes_are_among_the_eva
     assert "scored on episodes it imitated" in said[0] and "goals: sampled keeps them apart" in said[0]
 
 
-def test_a_recorded_meta_world_dataset_recovers_meta_worlds_own_env_which_resets_and_steps():
-    record_meta_world("raysim/pick-place-recover-v0", "metaworld_pick_place_bc", [])
-    dataset = minari.load_dataset("raysim/pick-place-recover-v0")
+def test_a_recorded_meta_world_dataset_recovers_meta_worlds_own_env_which_resets_and_steps(
+    pick_place_expert, monkeypatch
+):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(pick_place_expert[1]))
+    dataset = minari.load_dataset("raysim/pick-place-expert-v0")
     assert dataset.env_spec.id == "Meta-World/MT1" and dataset.env_spec.kwargs["name"] == "pick-place-v3"
     env = dataset.recover_environment()
     obs, _ = env.reset(seed=3)
@@ -403,8 +418,8 @@ def test_a_native_tasks_dataset_recovers_its_gymnasium_env_with_the_recorded_opt
     env.reset(seed=0)
     truncated = [env.step(action)[3] for action in dataset[0].actions]
     assert truncated == [False] * 4 + [True]  # its step limit is the recorded one
+    record("raysim/camera-v0", "reach_camera_ppo", CAMERA, episodes=1)
     with pytest.raises(ValueError, match="env_spec is None"):  # no Gymnasium id: said by Minari
-        record("raysim/camera-v0", "reach_camera_ppo", CAMERA, episodes=1)
         minari.load_dataset("raysim/camera-v0").recover_environment()
 
 
