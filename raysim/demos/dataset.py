@@ -115,7 +115,7 @@ def load_demonstrations(
     ``observation_spaces`` and ``action_space``: the env's as the policy sees them (``EnvShard.spaces``, after the
     frame stack); ``frame_stack`` (``env.frame_stack``): rebuilt per episode from the dataset's observations, which
     are the env's own; ``action_transform`` (``model.action_transform``): the actions become what the policy
-    samples (``cloned_actions``). A ``DatasetError`` in one line for a dataset that is missing, empty or does not
+    samples (``fitting_transform``). A ``DatasetError`` in one line for a dataset that is missing, empty or does not
     fit.
     """
     frame_stack = frame_stack if isinstance(frame_stack, FrameStackConfig) else FrameStackConfig(**(frame_stack or {}))
