@@ -380,7 +380,9 @@ write the completed ones as a Minari dataset (HDF5; images stored raw) under $MI
 expert|random. Each step keeps every observation group as the env gives it (before env.frame_stack), the
 policy's action, reward, terminated, truncated; each episode its reset seed, task, return, length, success.
 The episodes are played from --seed, by default one derived from the config's seed and never eval.seed, so
-a policy trained on them is not scored on the episodes it imitated.
+a policy trained on them is not scored on the episodes it imitated (except where the env has few distinct
+episodes: raysim/MetaWorld with goals: benchmark has 50 per task, and recording says so). The dataset stores
+the env's Gymnasium spec where it has one (Minari's recover_environment).
 info: what a dataset (an ID, or a dataset directory) holds.
 Examples:
   raysim demos record --config metaworld_reach_ppo --policy expert --episodes 50 --dataset-id raysim/reach-expert-v0

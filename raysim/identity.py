@@ -124,13 +124,14 @@ def _digest(canonical: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
-    """Every key whose value differs between two canonical configs, with both values."""
+def differences(saved: dict, current: dict, prefix: str = "", source: str = "checkpoint") -> list[str]:
+    """Every key whose value differs between two canonical configs, with both values (``saved``: the ``source``'s,
+    a checkpoint's or a dataset's)."""
     lines = []
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
         if isinstance(a, dict) and isinstance(b, dict):
-            lines += differences(a, b, f"{prefix}{key}.")
+            lines += differences(a, b, f"{prefix}{key}.", source)
         elif a != b:
-            lines.append(f"{prefix}{key}: checkpoint has {a!r}, this config has {b!r}")
+            lines.append(f"{prefix}{key}: {source} has {a!r}, this config has {b!r}")
     return lines

@@ -6,6 +6,8 @@ own API. Needs ``raysim[demos]`` (Minari with HDF5).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 
 import gymnasium as gym
@@ -323,3 +325,114 @@ def test_a_relative_minari_datasets_path_is_taken_from_the_current_folder(tmp_pa
     assert main(["demos", "record", *args, "--set", "env.kwargs.max_episode_steps=3", "--local"]) == 0
     assert (tmp_path / "relative-datasets" / "raysim" / "rel-v0" / "data").is_dir()
     assert main(["demos", "info", "raysim/rel-v0"]) == 0 and "1 episodes, 3 steps" in capsys.readouterr().out
+
+
+def test_actions_the_env_received_are_mapped_back_through_the_transform_whatever_the_bounds():
+    from minari.data_collector import EpisodeBuffer
+
+    from raysim.models.sampling import SQUASH_LIMIT, to_action_space
+
+    box = gym.spaces.Box(np.float32([0, -4]), np.float32([2, 4]))
+    received = np.float32([[0.5, 1.0], [2.0, -4.0], [3.0, 0.0]])  # inside; on both bounds; beyond one (clipped)
+    observations = {g: np.stack([space.sample() for _ in range(4)]) for g, space in ENV.items()}
+    buffer = EpisodeBuffer(
+        observations=observations,
+        actions=received,
+        rewards=np.zeros(3, np.float32),
+        terminations=np.array([False, False, True]),
+        truncations=np.zeros(3, bool),
+    )
+    with pytest.warns(UserWarning):  # a dataset made elsewhere: no raysim metadata, actions as the env received them
+        minari.create_dataset_from_buffers(
+            "test/bounds-v0", [buffer], observation_space=gym.spaces.Dict(ENV), action_space=box, data_format="hdf5"
+        )
+    low, high = torch.tensor([0.0, -4.0]), torch.tensor([2.0, 4.0])
+    inside = torch.from_numpy(received).clamp(low, high)
+    clipped = load_demonstrations("test/bounds-v0", ENV, box, None, "clip").actions
+    assert torch.equal(clipped, inside)
+    squashed = load_demonstrations("test/bounds-v0", ENV, box, None, "squash").actions
+    assert torch.isfinite(squashed).all() and squashed[1].abs().max() == pytest.approx(np.arctanh(SQUASH_LIMIT))
+    executed = to_action_space(squashed, low, high, squash=True)
+    assert torch.allclose(executed[0], inside[0], atol=1e-5)  # exactly the action, in the dataset's own bounds
+    assert torch.allclose(executed, inside, atol=(1 - SQUASH_LIMIT) / 2 * 8 + 1e-5)  # on a bound: within the limit
+
+
+def record_meta_world(dataset_id: str, config: str, overrides: list[str], policy: str = "expert"):
+    """One episode of ``config``'s Meta-World task, cut at 60 steps (the pick-place expert succeeds in ~50 and asks
+    for actions beyond [-1, 1] from its 30th)."""
+    pytest.importorskip("metaworld")
+    settings = ["env.kwargs.max_episode_steps=60", "eval.num_envs=1", *overrides]
+    return record_demonstrations(dataset_id, 1, config=config, policy=policy, overrides=settings, backend="local")
+
+
+@pytest.fixture(scope="module")
+def pick_place_expert(tmp_path_factory):
+    """One episode of the pick-place expert, recorded once: what ``record_demonstrations`` returned, the datasets'
+    root and what recording printed."""
+    root = tmp_path_factory.mktemp("pick-place") / "datasets"
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setenv("MINARI_DATASETS_PATH", str(root))
+        recorded = record_meta_world("raysim/pick-place-expert-v0", "metaworld_pick_place_bc", [])
+    return recorded, root, printed.getvalue()
+
+
+def test_meta_world_expert_actions_are_recorded_clipped_as_the_env_received_them(pick_place_expert, monkeypatch):
+    recorded, root, printed = pick_place_expert
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    actions = minari.load_dataset("raysim/pick-place-expert-v0")[0].actions
+    assert np.abs(actions).max() == 1.0  # the expert asks for more (up to ~2.5): the env clips it
+    record_ = recorded.report.records[0]
+    _, rewards = replayed("metaworld_pick_place_bc", ["env.kwargs.max_episode_steps=60"], record_["seed"], actions)
+    assert torch.equal(rewards, torch.from_numpy(record_["trajectory"]["reward"]))  # they replay the episode
+    assert "distinct episodes" not in printed  # goals: sampled: none is an evaluation episode
+
+
+def test_recording_with_benchmark_goals_says_that_the_episodes_are_among_the_evaluations(capsys):
+    record_meta_world("raysim/reach-benchmark-v0", "metaworld_reach_ppo", ["env.kwargs.goals=benchmark"], "random")
+    said = [line for line in capsys.readouterr().out.splitlines() if "distinct episodes" in line]
+    assert len(said) == 1 and "raysim/MetaWorld has only 50 distinct episodes per task" in said[0], said
+    assert "scored on episodes it imitated" in said[0] and "goals: sampled keeps them apart" in said[0]
+
+
+def test_a_recorded_meta_world_dataset_recovers_meta_worlds_own_env_which_resets_and_steps(
+    pick_place_expert, monkeypatch
+):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(pick_place_expert[1]))
+    dataset = minari.load_dataset("raysim/pick-place-expert-v0")
+    assert dataset.env_spec.id == "Meta-World/MT1" and dataset.env_spec.kwargs["name"] == "pick-place-v3"
+    env = dataset.recover_environment()
+    obs, _ = env.reset(seed=3)
+    assert obs.shape == (39,) and env.action_space == gym.spaces.Box(-1, 1, (4,), np.float32)
+    for action in dataset[0].actions[:5]:
+        obs, reward, terminated, truncated, info = env.step(action)
+    assert obs.shape == (39,) and np.isfinite(reward) and "success" in info
+    env.close()
+
+
+def test_a_native_tasks_dataset_recovers_its_gymnasium_env_with_the_recorded_options():
+    record("raysim/reach-recover-v0", "reach_ppo", ["env.kwargs.max_episode_steps=5", "eval.num_envs=1"], episodes=1)
+    dataset = minari.load_dataset("raysim/reach-recover-v0")
+    env = dataset.recover_environment()
+    assert dataset.env_spec.id == "raysim/Reach-v0" and env.observation_space == dataset.observation_space["policy"]
+    env.reset(seed=0)
+    truncated = [env.step(action)[3] for action in dataset[0].actions]
+    assert truncated == [False] * 4 + [True]  # its step limit is the recorded one
+    record("raysim/camera-v0", "reach_camera_ppo", CAMERA, episodes=1)
+    with pytest.raises(ValueError, match="env_spec is None"):  # no Gymnasium id: said by Minari
+        minari.load_dataset("raysim/camera-v0").recover_environment()
+
+
+def test_a_gym_ids_spec_is_gymnasiums_own_with_the_envs_options_and_the_step_limit_but_not_the_adapters():
+    from raysim.envs.gym_vector import gymnasium_spec
+
+    spec = gymnasium_spec(
+        "gym:CartPole-v1", {"vectorize": "async", "max_episode_steps": 7, "sutton_barto_reward": True}
+    )
+    assert spec.id == "CartPole-v1" and spec.kwargs == {"sutton_barto_reward": True} and spec.max_episode_steps == 7
+    env = gym.make(spec)
+    env.reset(seed=0)
+    assert env.spec.max_episode_steps == 7 and env.step(0)[0].shape == (4,)
+    assert gymnasium_spec("raysim/ReachCamera", {}) is None and gymnasium_spec("raysim/CartPole", {}).kwargs == {
+        "task": "raysim/CartPole"
+    }

@@ -110,11 +110,11 @@ def assert_same_run(run_dir: Path, straight: Path) -> None:
 # -- the shard: labels and actions ------------------------------------------------------------------------------
 
 
-def random_teacher(env_id: str, group: str = "policy") -> tuple[Actor, TeacherWeights]:
+def random_teacher(env_id: str, group: str = "policy", transform: str = "clip") -> tuple[Actor, TeacherWeights]:
     """A randomly initialised teacher actor on ``env_id``'s ``policy`` group (observation statistics and outputs
-    away from their defaults), read from the student env's ``group``."""
+    away from their defaults), read from the student env's ``group``, of action ``transform``."""
     env = make(env_id, 1)
-    model = ModelConfig(hidden_sizes=[16], obs_norm=True)
+    model = ModelConfig(hidden_sizes=[16], obs_norm=True, action_transform=transform)
     torch.manual_seed(0)
     actor = Actor(env.observation_spaces, env.action_space, model)
     with torch.no_grad():
@@ -127,11 +127,14 @@ def random_teacher(env_id: str, group: str = "policy") -> tuple[Actor, TeacherWe
     return actor, TeacherWeights(key=teacher_key({**weights, "actor": state}), actor=state, **weights)
 
 
-def camera_shard(teacher: TeacherWeights | None, group: str = "policy", seed: int = 1) -> EnvShard:
-    """A raysim/ReachCamera shard of 4 rows (8 px camera) whose student reads [camera, joints]; the teacher's
-    group (Reach's ``policy`` terms) is named ``group``."""
+def camera_shard(
+    teacher: TeacherWeights | None, group: str = "policy", seed: int = 1, transform: str = "clip"
+) -> EnvShard:
+    """A raysim/ReachCamera shard of 4 rows (8 px camera) whose student reads [camera, joints] (its action
+    ``transform``); the teacher's group (Reach's ``policy`` terms) is named ``group``."""
     observations = {"joints": ["joint_pos", "last_action"], group: DEFAULT_OBSERVATIONS["policy"]}
     student = {"actor_inputs": ["camera", "joints"], "cnn_features": 8, "hidden_sizes": [16], "critic": False}
+    student["action_transform"] = transform
     kwargs = {"camera": {"size": 8}, "observations": observations}
     return EnvShard("raysim/ReachCamera", 4, seed=seed, model=student, env_kwargs=kwargs, teacher=teacher)
 
@@ -175,6 +178,24 @@ def test_at_teacher_share_1_every_action_is_the_label_and_at_one_half_about_half
     assert not torch.equal((other.actions == other.labels).all(-1), taken)
 
 
+@pytest.mark.parametrize("teacher_transform, student_transform", [("clip", "squash"), ("squash", "clip")])
+def test_a_teacher_of_another_action_transform_labels_and_acts_with_the_action_the_env_received_from_it(
+    teacher_transform, student_transform
+):
+    from raysim.models.sampling import SQUASH_LIMIT
+
+    actor, teacher = random_teacher("raysim/Reach", transform=teacher_transform)
+    shard = camera_shard(teacher, transform=student_transform)
+    chunk = rollout(shard, FixedSteps(16, teacher_share=1.0))
+    with torch.no_grad():
+        wanted = torch.stack([actor.env_action(actor({"policy": o})) for o in chunk.obs["policy"][:-1]])
+    assert (wanted.abs() == 1).any() or teacher_transform == "squash"  # the clip teacher's mean leaves [-1, 1]
+    for taught in (chunk.labels, chunk.actions):  # what the student regresses on, and what it executed
+        received = shard.actor.env_action(taught)
+        assert torch.allclose(received, wanted, atol=(1 - SQUASH_LIMIT) + 1e-6), (received - wanted).abs().max()
+    assert torch.allclose(received[wanted.abs() < SQUASH_LIMIT], wanted[wanted.abs() < SQUASH_LIMIT], atol=1e-5)
+
+
 def test_a_discrete_teachers_label_is_its_logits_and_its_action_the_most_likely_one():
     actor, teacher = random_teacher("raysim/CartPole")
     chunk = rollout(EnvShard("raysim/CartPole", 4, seed=1, teacher=teacher), FixedSteps(16, teacher_share=1.0))
@@ -208,6 +229,14 @@ def test_the_loss_is_the_squared_error_of_the_means_or_the_cross_entropy_from_th
     logits = model.actor(obs)
     assert torch.allclose(loss, -(labels.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean())
     assert metrics["agreement"] == (logits.argmax(-1) == labels.argmax(-1)).float().mean()
+
+
+def test_a_squash_students_loss_is_the_squared_error_of_the_actions_the_env_receives():
+    model = ActorCritic(*EnvShard("raysim/Reach", 1).spaces()[:2], ModelConfig(critic=False, action_transform="squash"))
+    obs, labels = {"policy": torch.randn(6, model.actor.in_dim)}, torch.randn(6, 2) * 2
+    loss, _ = distill_loss(model, {"obs": obs, "labels": labels})
+    executed, taught = model.actor.env_action(model.actor(obs)), model.actor.env_action(labels)
+    assert torch.allclose(loss, (executed - taught).square().mean(), atol=1e-6)
 
 
 # -- runs ------------------------------------------------------------------------------------------------------

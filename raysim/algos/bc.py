@@ -4,17 +4,24 @@ BC is an algorithm on the learner like PPO and GRPO (same interface, same checkp
 the learner runs (a GPU when there is one), but it has no training shards (``collection`` is None): the
 driver reads the dataset of demonstrations once (``raysim.demos``) and hands it to every learner rank
 through the object store; each rank trains on its share (``Demonstrations.split``). The budget is in
-gradient steps (``algo.updates``); one iteration is ``num_minibatches`` of them, so evaluation,
-metrics rows and checkpoints come every iteration as in any run.
+gradient steps (``algo.updates``, exactly): one iteration is ``update_epochs`` passes over ``num_minibatches``
+minibatches, and the last one takes the steps that remain, each on its own minibatch; evaluation, metrics
+rows and checkpoints come every iteration as in any run.
 
 The observation normalizer (``model.obs_norm``) is fitted once, from every step of the dataset, before
 the first update, and then stays fixed. The default loss on continuous actions is the squared error of
 the Gaussian's mean (a likelihood would shrink the log-std without bound on a deterministic expert);
-``loss: nll`` trains the log-std too. Discrete actions: cross-entropy on the logits.
+``loss: nll`` trains the log-std too. The dataset's actions are read as the policy samples them, before
+``model.action_transform`` (the reader maps an expert's env actions back through it). With ``squash`` the
+squared error is taken through the tanh, in the action space: the executed action then estimates the
+demonstrated one's mean as a clipped mean does (a squared error of atanh'd targets would average where the
+expert is near a bound in the tanh's far tail, and pull toward the bounds); the nll is of the atanh'd targets,
+the squashed distribution's log-likelihood up to a constant. Discrete actions: cross-entropy on the logits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +31,7 @@ import torch
 from raysim.algos.base import Algorithm, Collectives
 from raysim.algos.epochs import Batch, run_epochs, select
 from raysim.algos.guard import GuardedStep
-from raysim.models import ActorCritic
+from raysim.models import Actor, ActorCritic
 from raysim.models.normalizer import moments
 from raysim.rollout import RolloutChunk
 from raysim.schema import setting
@@ -38,7 +45,9 @@ class BCConfig:
     dataset: str = setting(
         "", help="a Minari dataset id (under MINARI_DATASETS_PATH) or a dataset directory (raysim demos record)"
     )
-    updates: int = setting(4000, help="gradient steps in all: the run's budget (train.total_steps is not read)", low=1)
+    updates: int = setting(
+        4000, help="gradient steps in all, exactly: the run's budget (train.total_steps is not read)", low=1
+    )
     batch_size: int = setting(256, help="samples per gradient step", low=1)
     loss: str = setting(
         "mse",
@@ -51,10 +60,30 @@ class BCConfig:
         "constant", help="the learning rate's schedule (BC has no env steps)", choices=("constant",)
     )
     update_epochs: int = setting(1, help="passes over each iteration's minibatches", low=1)
-    num_minibatches: int = setting(100, help="gradient steps per iteration (one metrics row, one evaluation)", low=1)
+    num_minibatches: int = setting(
+        100,
+        help="minibatches per iteration (one metrics row, one evaluation): num_minibatches x update_epochs gradient "
+        "steps; the last iteration takes the steps that remain of updates",
+        low=1,
+    )
     max_grad_norm: float = setting(10.0, help="global gradient-norm clip", low=0, open_low=True)
     max_nonfinite_updates: int = setting(3, help="consecutive skipped minibatches before training stops", low=1)
     max_policy_lag: int = setting(0, help="not used: BC collects nothing", low=0, high=0)
+
+
+def steps_per_iteration(config: BCConfig) -> int:
+    """The gradient steps of a full iteration."""
+    return config.num_minibatches * config.update_epochs
+
+
+def action_error(actor: Actor, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean squared error of a Gaussian actor's means ``out`` against ``target`` (both before the action
+    transform): of the means themselves (clip), or through the tanh, between the actions the env receives, in units
+    of half the range (squash), so that the executed action estimates the target's mean as a clipped mean does (a
+    squared error before the tanh averages in its far tail and pulls toward the bounds). BC's and distillation's."""
+    if actor.squash:
+        return (torch.tanh(out) - torch.tanh(target)).square().mean()
+    return (out - target).square().mean()
 
 
 def bc_loss(model: ActorCritic, batch: Batch, config: BCConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -65,7 +94,7 @@ def bc_loss(model: ActorCritic, batch: Batch, config: BCConfig) -> tuple[torch.T
         loss = torch.nn.functional.cross_entropy(out, batch["actions"].long())
         accuracy = (out.argmax(-1) == batch["actions"]).float().mean()
         return loss, {"bc_loss": loss, "accuracy": accuracy.detach()}
-    error = (actor.mean_of(out) - batch["actions"]).square().mean()
+    error = action_error(actor, actor.mean_of(out), batch["actions"])
     if config.loss == "nll":
         loss = -actor.log_prob_entropy_of(out, batch["actions"])[0].mean()
     else:
@@ -93,7 +122,7 @@ class BC(Algorithm):
 
     @classmethod
     def planned_iterations(cls, config: BCConfig) -> int:
-        return max(1, math.ceil(config.updates / config.num_minibatches))
+        return max(1, math.ceil(config.updates / steps_per_iteration(config)))
 
     @classmethod
     def check(cls, config: BCConfig, num_envs: int) -> None:
@@ -124,16 +153,21 @@ class BC(Algorithm):
     def update(
         self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator
     ) -> dict[str, torch.Tensor]:
-        """One iteration: ``num_minibatches x batch_size`` samples of the share, ``update_epochs`` passes over them."""
+        """One iteration: ``num_minibatches x batch_size`` samples of the share, ``update_epochs`` passes over them;
+        the last (``version``: the iterations done) the steps that remain of ``updates``, one pass."""
         if chunks:
             raise ValueError("algo 'bc' trains on its dataset, not on rollout chunks")
         if self.demos is None:
             raise ValueError("algo 'bc' was given no dataset (Learner(demonstrations=...))")
-        index = self.sample(self.config.num_minibatches * self.config.batch_size, generator)
+        config, per_iteration = self.config, steps_per_iteration(self.config)
+        remaining = config.updates - self.version * per_iteration
+        if remaining < per_iteration:
+            config = dataclasses.replace(config, num_minibatches=max(1, remaining), update_epochs=1)
+        index = self.sample(config.num_minibatches * config.batch_size, generator)
         batch = select({"obs": self.demos.obs, "actions": self.demos.actions}, index)
         device = self.ranks.device
         batch = {"obs": {g: v.to(device) for g, v in batch["obs"].items()}, "actions": batch["actions"].to(device)}
-        return run_epochs(self.loss, self.loss_terms, step, batch, self.config, generator)
+        return run_epochs(self.loss, self.loss_terms, step, batch, config, generator)
 
     def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return bc_loss(self.model, minibatch, self.config)

@@ -7,8 +7,12 @@ the teacher's output on the teacher's groups (``RolloutChunk.labels``, ``raysim.
 learns by regression on the labels at the states it visits. No critic, no rewards in the loss.
 
 Loss: continuous actions, the squared error between the student's Gaussian mean and the teacher's, both before
-the action transform (the log-std is not trained: the student's exploration stays ``model.init_log_std``);
-discrete actions, the cross-entropy from the teacher's action probabilities to the student's.
+the action transform (``action_error``: through the tanh, between the actions the env receives, for a ``squash``
+student, as behaviour cloning takes it); a teacher of another ``model.action_transform`` than the student's is
+distilled in the actions the env receives (its label is the mean whose student transform gives the teacher's env
+action: ``raysim.rollout.teacher``). The log-std is not trained: the student's exploration stays
+``model.init_log_std``.
+Discrete actions, the cross-entropy from the teacher's action probabilities to the student's.
 
 The teacher is read once by the driver, copied into the run (``raysim.coordinator.teacher``) and sent to each
 shard once, when it is created.
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from raysim.algos.base import Algorithm
+from raysim.algos.bc import action_error
 from raysim.algos.epochs import Batch, concat, transition_steps, transitions
 from raysim.models import ActorCritic
 from raysim.rollout import FixedSteps, RolloutChunk
@@ -74,7 +79,7 @@ def distill_loss(model: ActorCritic, batch: Batch) -> tuple[torch.Tensor, dict[s
         loss = -(teacher_probs * out.log_softmax(-1)).sum(-1).mean()
         agreement = (out.argmax(-1) == labels.argmax(-1)).float().mean()
         return loss, {"distill_loss": loss, "agreement": agreement.detach()}
-    loss = (actor.mean_of(out) - labels).square().mean()
+    loss = action_error(actor, actor.mean_of(out), labels)
     return loss, {"distill_loss": loss}
 
 

@@ -5,7 +5,11 @@ The episodes are an evaluation's (``raysim.evaluation``: balanced per-row quotas
 reset seed and task ``j mod K``, the same on any layout), played with ``EvalEpisodes.trajectories`` so that each
 counted episode's record carries its steps; only counted (completed) episodes are written. They are played from
 another evaluation seed than the config's ``eval.seed`` (by default ``derive_seed(seed, DEMONSTRATIONS)``), so a
-policy trained on them is never scored on the episodes it imitated.
+policy trained on them is not scored on the episodes it imitated: except in an env whose seeds choose among few
+episodes (``BatchedEnv.distinct_episodes``: ``raysim/MetaWorld`` with ``goals: benchmark``, 50 per task, which an
+evaluation of a few hundred episodes covers), where they are among the evaluation's, and recording says so in a
+line (``goals: sampled`` keeps them apart). The dataset stores the Gymnasium spec of the env where it has one
+(``raysim.envs.gym_vector.gymnasium_spec``), for Minari's ``recover_environment``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from raysim.coordinator.evaluate import eval_overrides, evaluate_config
 from raysim.coordinator.preflight import check_env_and_model
 from raysim.demos.writing import check_new_dataset, dataset_spaces, write_dataset
 from raysim.envs import make
+from raysim.envs.gym_vector import gymnasium_spec
 from raysim.envs.messages import captured
 from raysim.envs.registry import row_multiple
 from raysim.evaluation import EvalReport
@@ -79,6 +84,13 @@ def record_demonstrations(
         raise ConfigError(f"policy must be one of {list(SCRIPTED)}, got {policy!r}")
     loaded = with_eval_seed(loaded, seed)
     env = recorded_env(loaded)
+    if env["distinct_episodes"]:
+        print(
+            f"raysim: {loaded.env.id} has only {env['distinct_episodes']} distinct episodes per task (its reset seeds "
+            "choose among them): these demonstrations replay episodes that evaluation plays too, so a policy trained "
+            "on them is scored on episodes it imitated (raysim/MetaWorld: env.kwargs.goals: sampled keeps them apart)",
+            flush=True,
+        )
     report = evaluate_config(loaded, weights, address, policy=policy, trajectories=True)
     records = report.records
     if not records:
@@ -89,7 +101,7 @@ def record_demonstrations(
     learned = weights is not None
     spaces = dataset_spaces(env["observation_spaces"], env["action_space"], learned)
     metadata = dataset_metadata(loaded, source, learned, report)
-    path = write_dataset(dataset_id, records, spaces, env["task_names"], metadata)
+    path = write_dataset(dataset_id, records, spaces, env["task_names"], metadata, env["spec"])
     steps = sum(len(record["trajectory"]["reward"]) for record in records)
     return Recorded(dataset_id, path, report, steps, loaded.eval.seed)
 
@@ -127,8 +139,9 @@ def with_eval_seed(config: Config, seed: int | None) -> Config:
 
 
 def recorded_env(config: Config) -> dict[str, Any]:
-    """The env's own spaces (before the frame stack) and tasks, from one evaluation row set built here; a
-    ``ConfigError`` (before Ray starts) for an env or model that cannot be built, or that cannot be recorded."""
+    """The env's own spaces (before the frame stack), tasks, distinct episodes and Gymnasium spec (or None), from one
+    evaluation row set built here; a ``ConfigError`` (before Ray starts) for an env or model that cannot be built,
+    or that cannot be recorded."""
     check_env_and_model(config, new_run=False)
     env_id = config.env.id
     with captured():  # what building the env prints was said by ``check_env_and_model``
@@ -140,4 +153,10 @@ def recorded_env(config: Config) -> dict[str, Any]:
             "by index; use another vectorize"
         )
     spaces: dict[str, gym.Space] = dict(env.observation_spaces)
-    return {"observation_spaces": spaces, "action_space": env.action_space, "task_names": tuple(env.task_names)}
+    return {
+        "observation_spaces": spaces,
+        "action_space": env.action_space,
+        "task_names": tuple(env.task_names),
+        "distinct_episodes": env.distinct_episodes,
+        "spec": gymnasium_spec(env_id, config.env.kwargs),
+    }

@@ -16,6 +16,7 @@ import io
 import json
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from raysim.checkpoint import CheckpointError, locate_checkpoint
@@ -45,6 +46,13 @@ def read_teacher(config: Config, spaces: tuple[dict, Any], storage: RunStorage) 
         reads = ", ".join(f"{group} as {name}" if name != group else group for name, group in teacher["inputs"].items())
         print(f"raysim: algo.teacher: {teacher['source']}, reading {reads}", flush=True)
     check_fits(teacher, *spaces, config.env.id)
+    transform = teacher["model"]["action_transform"]
+    if transform != config.model.action_transform and not isinstance(spaces[1], gym.spaces.Discrete):
+        print(
+            f"raysim: algo.teacher: its model.action_transform is {transform}, this model's "
+            f"{config.model.action_transform}: it is distilled in the actions the env receives",
+            flush=True,
+        )
     return teacher
 
 

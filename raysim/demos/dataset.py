@@ -7,7 +7,14 @@ exists at that path; otherwise a Minari dataset id under ``MINARI_DATASETS_PATH`
 
 Every problem is a ``DatasetError`` of one line (a ``ConfigError``: ``raysim`` prints it, exit code 2) said before
 any episode is read: Minari not installed, no such dataset, an empty one, an observation group or the actions
-missing, a group or the actions whose shape or dtype do not fit the env.
+missing, a group or the actions whose shape or dtype do not fit the env, a learned actor's actions recorded before
+another ``model.action_transform`` than the model's.
+
+Continuous actions are read as the policy samples them, before ``model.action_transform``: a learned actor's
+of the model's transform as they are; actions the env received (a scripted expert's: the metadata's
+``action_transform`` is null; a dataset made elsewhere) mapped back through the transform
+(``raysim.models.sampling.from_action_space``: clipped into the bounds; for ``squash``, the atanh of the action
+rescaled from the bounds into [-1, 1]), so the policy executes the demonstrated action, not tanh of it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from raysim.composition import ConfigError
 from raysim.demos.demonstrations import Demonstrations, stack_episode
 from raysim.envs.frame_stack import FrameStackConfig, stack_axis, stacked_space
 from raysim.envs.spaces import group_dtype, is_image_space
+from raysim.models.sampling import ActionSampling
 
 METADATA_KEY = "raysim"  # the dataset's metadata that ``raysim demos record`` writes (env, identity, policy, seed)
 
@@ -100,18 +108,24 @@ def load_demonstrations(
     observation_spaces: dict[str, gym.Space],
     action_space: gym.Space,
     frame_stack: FrameStackConfig | dict | None = None,
+    action_transform: str = "clip",
 ) -> Demonstrations:
     """Every step of ``dataset`` as the policy sees it (``Demonstrations``), checked against the env first.
 
     ``observation_spaces`` and ``action_space``: the env's as the policy sees them (``EnvShard.spaces``, after the
     frame stack); ``frame_stack`` (``env.frame_stack``): rebuilt per episode from the dataset's observations, which
-    are the env's own. A ``DatasetError`` in one line for a dataset that is missing, empty or does not fit.
+    are the env's own; ``action_transform`` (``model.action_transform``): the actions become what the policy
+    samples (``fitting_transform``). A ``DatasetError`` in one line for a dataset that is missing, empty or does not
+    fit.
     """
     frame_stack = frame_stack if isinstance(frame_stack, FrameStackConfig) else FrameStackConfig(**(frame_stack or {}))
     opened = open_dataset(dataset)
     stacked = set(frame_stack.groups) if frame_stack.k > 1 else set()
     groups = fitting_groups(dataset, opened.observation_space, observation_spaces, frame_stack.k, stacked)
     action_dtype = fitting_actions(dataset, opened.action_space, action_space)
+    metadata = json.loads(json.dumps(opened.storage.metadata.get(METADATA_KEY, {})))  # plain data, owned
+    sampling = ActionSampling(action_space, action_transform)
+    recorded_before = fitting_transform(dataset, metadata, sampling, action_transform)
     obs: dict[str, list[torch.Tensor]] = {g: [] for g in groups}
     actions, episode = [], []
     for number, data in enumerate(opened.iterate_episodes()):
@@ -134,14 +148,33 @@ def load_demonstrations(
             raise DatasetError(f"dataset {dataset}: episode {data.id} has {steps} steps and {acted.shape[0]} actions")
         actions.append(acted)
         episode.append(torch.full((steps,), number, dtype=torch.int64))
-    metadata = opened.storage.metadata.get(METADATA_KEY, {})
+    actions = torch.cat(actions)
     return Demonstrations(
         {g: torch.cat(v) for g, v in obs.items()},
-        torch.cat(actions),
+        actions if recorded_before else sampling.policy_action(actions),
         torch.cat(episode),
         opened.total_episodes,
-        json.loads(json.dumps(metadata)),  # plain data, owned
+        metadata,
     )
+
+
+def fitting_transform(dataset: str, metadata: dict[str, Any], sampling: ActionSampling, transform: str) -> bool:
+    """Whether the dataset's actions are already what the policy samples: a learned actor's recorded before this
+    model's ``action_transform`` (True), or actions the env received (False: a scripted policy's, metadata
+    ``action_transform: null``, or a dataset made elsewhere), which ``ActionSampling.policy_action`` maps back. A
+    ``DatasetError`` for a learned actor's actions before another transform."""
+    recorded = metadata.get("action_transform")
+    if sampling.discrete:
+        return True
+    if recorded is None:
+        return False
+    if recorded != transform:
+        raise DatasetError(
+            f"dataset {dataset} holds an actor's actions before its action transform {recorded!r}, and this "
+            f"model's model.action_transform is {transform!r}: set model.action_transform: {recorded}, or record "
+            "the demonstrations again with an actor of this transform"
+        )
+    return True
 
 
 def opened_space(opened: Any, key: str | None) -> gym.Space:

@@ -17,9 +17,10 @@ import torch
 @dataclass
 class Demonstrations:
     """``S`` demonstrated steps: ``obs`` ``{group: [S, ...]}`` as the policy sees them (frame stack rebuilt, uint8
-    images kept), ``actions`` [S, ...] (float32 for a Box, int64 for a Discrete), ``episode`` [S] int64 (each step's
-    episode in the dataset), ``episodes`` (how many episodes the steps come from) and the dataset's raysim
-    ``metadata`` (``raysim demos record``: env, identity, policy, seed; empty for a dataset made elsewhere)."""
+    images kept), ``actions`` [S, ...] as the policy samples them (float32 for a Box: before
+    ``model.action_transform``; int64 for a Discrete), ``episode`` [S] int64 (each step's episode in the dataset),
+    ``episodes`` (how many episodes the steps come from) and the dataset's raysim ``metadata`` (``raysim demos
+    record``: env, identity, policy, seed; empty for a dataset made elsewhere)."""
 
     obs: dict[str, torch.Tensor]
     actions: torch.Tensor

@@ -8,12 +8,16 @@ them, under ``MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``) as ``<id>/
 - observations: a ``Dict`` of the env's groups as raysim's tensors are (float32 vectors, uint8 images), each as
   the env gave it (before the frame stack), ``[L+1, ...]`` per episode; ``jpeg_encoding=False`` keeps images
   bitwise (Minari's default would store channels-last uint8 images of 32 px and more as lossy JPEG);
-- actions: the policy's output (``EvalPolicy.act``): a scripted policy's is the env's action; a learned actor's is
-  its Gaussian mean or sample before the clip or squash into the action space (what behaviour cloning fits), so
-  its space is then an unbounded Box;
+- actions: the policy's output (``EvalPolicy.act``): a scripted policy's is the action the env receives (Meta-World's
+  expert clipped into [-1, 1]), in the env's action space; a learned actor's is its Gaussian mean or sample before
+  the clip or squash into the action space (the metadata's ``action_transform`` names it; behaviour cloning fits
+  it as it is, or maps an env action back through the transform), so its space is then an unbounded Box;
 - each episode's reset seed (Minari's ``seed``) and, in its metadata, the evaluation episode index, its task,
   return, length and success (``success`` is an episode's: the env reports it per episode, not per step);
-- the dataset's metadata ``raysim``: the env (id, identity, canonical config), the policy and the seeds.
+- the dataset's metadata ``raysim``: the env (id, identity, canonical config), the policy and the seeds;
+- Minari's ``env_spec``: the Gymnasium spec of the env where it has one (``gymnasium_spec``; Meta-World's own
+  ``Meta-World/MT1`` env of the task, ``raysim/CartPole-v0``, ``raysim/Reach-v0``, a ``gym:`` id's), so
+  ``minari.load_dataset(id).recover_environment()`` returns an env that resets and steps; None otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
 from raysim.demos.dataset import METADATA_KEY, DatasetError, require_minari
 from raysim.envs.spaces import is_image_space
@@ -103,8 +108,10 @@ def write_dataset(
     spaces: tuple[gym.spaces.Dict, gym.Space],
     task_names: tuple[str, ...],
     metadata: dict[str, Any],
+    env_spec: EnvSpec | None = None,
 ) -> Path:
-    """Write the counted episodes' ``records`` (in their order) as the Minari dataset ``dataset_id``; its directory."""
+    """Write the counted episodes' ``records`` (in their order) as the Minari dataset ``dataset_id``; its directory.
+    ``env_spec``: the Gymnasium spec ``recover_environment`` makes (None: the dataset cannot recover its env)."""
     minari = require_minari()
     observation_space, action_space = spaces
     with warnings.catch_warnings():  # Minari's advice to name an author, a code link, an evaluation env
@@ -112,6 +119,7 @@ def write_dataset(
         dataset = minari.create_dataset_from_buffers(
             dataset_id,
             [episode_buffer(record) for record in records],
+            env=env_spec,
             observation_space=observation_space,
             action_space=action_space,
             algorithm_name=f"raysim {metadata['policy']}",

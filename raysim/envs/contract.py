@@ -112,6 +112,10 @@ class BatchedEnv:
     #: The tasks the rows play, by index, where the env has several (``raysim/MetaWorld``): its episode reports
     #: then carry ``task``, the index of the episode's task in this list; empty: one task, no ``task`` column.
     task_names: tuple[str, ...] = ()
+    #: How many distinct episodes (initial states) the reset seeds choose among per task, where they are few
+    #: (``raysim/MetaWorld``'s ``goals: benchmark``: 50): different seeds then replay the same episodes, so
+    #: demonstrations and evaluation share episodes (``raysim demos record`` says so); None: as many as seeds.
+    distinct_episodes: int | None = None
 
     def count_success(self, how: str | None) -> None:
         """Count ``success`` in the episode reports as ``how`` says (``any`` or ``final``; None: the env's own).

@@ -26,12 +26,15 @@ imports it.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
@@ -44,6 +47,33 @@ GROUP = "policy"  # the observation group a Gymnasium env sees
 def gym_id(task: str) -> str:
     """The Gymnasium id of native task ``raysim/<Name>``: ``raysim/<Name>-v0``."""
     return f"{task}-v0"
+
+
+def gymnasium_spec(env_id: str, options: dict[str, Any]) -> EnvSpec | None:
+    """The Gymnasium spec one row of ``env_id`` with ``options`` is rebuilt from (``gymnasium.make(spec)``: what a
+    dataset of demonstrations stores for Minari's ``recover_environment``), or None where there is none.
+
+    A native task's ``gymnasium_spec`` hook (``raysim/MetaWorld``: Meta-World's own env of one task); else a
+    native task registered here (``raysim/<Name>-v0``: a ``RaysimEnv`` of the options); else for ``gym:<ID>`` that
+    id's spec with the options (none for the Atari preset, whose preprocessing it lacks). A user's own task
+    (``module:Class``), ``raysim/ReachCamera`` and several Meta-World tasks have none."""
+    from raysim.envs.gym_adapter import RUNTIME_OPTIONS, registered_id
+    from raysim.envs.registry import factory
+
+    if env_id.startswith("gym:"):
+        spec = gym.spec(registered_id(env_id[len("gym:") :]))
+        if "atari" in options or not isinstance(spec.entry_point, str):
+            return None
+        kwargs = {k: v for k, v in copy.deepcopy(options).items() if k not in RUNTIME_OPTIONS}
+        limit = kwargs.pop("max_episode_steps", spec.max_episode_steps)  # gymnasium.make's, not the env's
+        return dataclasses.replace(spec, kwargs={**spec.kwargs, **kwargs}, max_episode_steps=limit)
+    hook = getattr(factory(env_id), "gymnasium_spec", None)
+    if hook is not None:
+        return hook(copy.deepcopy(options))
+    if gym_id(env_id) not in gym.registry:
+        return None
+    spec = gym.spec(gym_id(env_id))
+    return dataclasses.replace(spec, kwargs={**spec.kwargs, **copy.deepcopy(options)})
 
 
 def _actions_tensor(env: BatchedEnv, actions: Any) -> torch.Tensor:

@@ -34,12 +34,14 @@ goal: goal-observable as in the MT benchmarks) as float32, then the one-hot task
 Actions ``[N, 4]`` in ``[-1, 1]`` (clipped). Checkpoints: a row's state is its episode's seed and the actions
 it took so far; ``set_state`` replays them (MuJoCo is deterministic), so a resumed shard continues exactly.
 ``expert_actions()``: Meta-World's scripted expert of each row's task (``metaworld.policies``) in the state the row
-is in, for ``raysim eval --policy expert``.
+is in, clipped into [-1, 1] (what the env receives, and what a dataset of the expert records), for ``raysim eval
+--policy expert`` and ``raysim demos record --policy expert``.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import pickle
 import warnings
 from collections.abc import Sequence
@@ -48,6 +50,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.registration import EnvSpec
 
 from raysim.envs.contract import Obs
 from raysim.envs.errors import MissingDependencyError
@@ -159,6 +162,7 @@ class MetaWorld(TorchEnv):
             raise ValueError(f"{ENV_ID}: reward must be one of {list(REWARDS)}, got {reward!r}")
         self.goals, self.end_on_success, self.sparse = goals, end_on_success, reward == "success"
         self.goal_table = options["goal_table"]
+        self.distinct_episodes = None if self.goal_table is None else NUM_GOALS  # the start state follows the goal
         self.task_of_row = torch.arange(self.num_envs) % K
         self.envs = [self._build(self.task_names[k], reward_version) for k in self.task_of_row.tolist()]
 
@@ -199,6 +203,26 @@ class MetaWorld(TorchEnv):
             raise ValueError(f"{ENV_ID}: goal_table must be [{len(tasks)}, {NUM_GOALS}, D], got {table.shape}")
         options["goal_table"] = table
         return options
+
+    @classmethod
+    def gymnasium_spec(cls, options: dict[str, Any]) -> EnvSpec | None:
+        """Meta-World's own Gymnasium env of a one-task config, as ``gymnasium.make("Meta-World/MT1",
+        env_name=task, seed=benchmark_seed, ...)`` builds it (its registered entry point is a lambda, which a spec
+        cannot store: the spec names the function it calls), or None for several tasks (``Meta-World/MT10`` is a
+        vector env only). It plays the benchmark's 50 goals of the task, whatever ``goals`` says; the step limit,
+        ``end_on_success`` and ``reward_version`` are passed on; its observations are the 39 values."""
+        options = {**{k: p.default for k, p in inspect.signature(cls).parameters.items()}, **options}
+        tasks = task_list(options["benchmark"], options["tasks"])
+        if len(tasks) != 1:
+            return None
+        kwargs = {
+            "name": tasks[0],
+            "seed": int(options["benchmark_seed"]),
+            "max_episode_steps": int(options["max_episode_steps"]),
+            "terminate_on_success": bool(options["end_on_success"]),
+            "reward_function_version": options["reward_version"],
+        }
+        return EnvSpec("Meta-World/MT1", entry_point="metaworld:make_mt_envs", kwargs=kwargs)
 
     @classmethod
     def row_multiple(cls, options: dict[str, Any]) -> int:
@@ -279,13 +303,14 @@ class MetaWorld(TorchEnv):
 
     def expert_actions(self) -> torch.Tensor:
         """The scripted expert's action [N, 4] for every row: its task's expert on the row's 39 values (without the
-        one-hot task id), as the policy observes them (``raysim eval --policy expert``)."""
+        one-hot task id), as the policy observes them (``raysim eval --policy expert``), clipped into [-1, 1] as
+        the env receives it (the experts' own go up to about 2.5): what a dataset of the expert records."""
         obs = self.obs[:, :OBS_SIZE].double().numpy()
         experts = self.experts
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the experts' "Constant(s) may be too high", every step
             actions = [experts[k].get_action(obs[row]) for row, k in enumerate(self.task_of_row.tolist())]
-        return torch.from_numpy(np.stack(actions)).float()
+        return torch.from_numpy(np.stack(actions)).float().clamp_(-1.0, 1.0)
 
     def close(self) -> None:
         for env in self.envs:

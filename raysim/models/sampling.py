@@ -21,6 +21,7 @@ class ActionSampling:
     """A categorical over ``Discrete(n)`` or a Gaussian over a ``Box``, with ``model.action_transform``."""
 
     def __init__(self, action_space: gym.Space, action_transform: str = "clip"):
+        self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if not self.discrete and not isinstance(action_space, gym.spaces.Box):
             raise ValueError(f"action space {action_space} is not supported (Discrete or Box)")
@@ -58,6 +59,14 @@ class ActionSampling:
             return action
         return to_action_space(action, self.low, self.high, self.squash)
 
+    def policy_action(self, env_action: torch.Tensor) -> torch.Tensor:
+        """The action to sample for one the env received (``from_action_space``): what cloning an env-space
+        action fits (behaviour cloning on an expert's actions, a teacher of another transform)."""
+        if self.discrete:
+            return env_action
+        low, high = self.low.to(env_action.device), self.high.to(env_action.device)
+        return from_action_space(env_action, low, high, self.squash)
+
 
 def to_action_space(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor, squash: bool) -> torch.Tensor:
     """A continuous action mapped into ``[low, high]``: ``tanh`` scaled into it (``squash``) or clipped.
@@ -67,3 +76,18 @@ def to_action_space(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
     if squash:
         return low + (torch.tanh(action) + 1) * 0.5 * (high - low)
     return torch.maximum(torch.minimum(action, high), low)
+
+
+#: ``from_action_space`` bounds a squashed target's tanh to this: an action on a bound (an expert's saturated one)
+#: becomes atanh(0.995) = 3.0, not infinity; ``to_action_space`` of it is within 0.25 % of the range of the bound.
+SQUASH_LIMIT = 0.995
+
+
+def from_action_space(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor, squash: bool) -> torch.Tensor:
+    """The inverse of ``to_action_space`` on an action the env received: clipped into ``[low, high]``, then itself
+    (clip) or the atanh of it rescaled into [-1, 1] (squash), the rescaled value bounded by ``SQUASH_LIMIT``."""
+    action = torch.maximum(torch.minimum(action, high), low)
+    if not squash:
+        return action
+    unit = (action - low) / (high - low) * 2 - 1
+    return torch.atanh(unit.clamp(-SQUASH_LIMIT, SQUASH_LIMIT))

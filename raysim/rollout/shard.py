@@ -107,7 +107,7 @@ class EnvShard:
                 if server
                 else RowMemory(self.actor.core, rows, fused=True)
             )
-        self.teacher = None if teacher is None else Teacher(teacher, self.env.observation_spaces, self.env.action_space)
+        self.teacher = None if teacher is None else Teacher(teacher, self.env.observation_spaces, self.sampling)
         self.generator = torch.Generator()
         self.generator.manual_seed(derive_seed(seed, 1))
         self.obs = self.env.reset(seed)
