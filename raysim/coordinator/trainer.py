@@ -37,7 +37,7 @@ from raysim.coordinator.pretrained import read_pretrained
 from raysim.coordinator.recovery import ResumePoint, restart_learner, restore, resume_point
 from raysim.coordinator.roles import create_roles
 from raysim.coordinator.run_state import RunState
-from raysim.coordinator.saving import RunFailed, final_save, save
+from raysim.coordinator.saving import RunFailed, end_run, final_save, save
 from raysim.coordinator.schedule import Schedule, planned_iterations
 from raysim.coordinator.session import Ready, Session, end_roles
 from raysim.coordinator.signals import StopRequested, StopSignals
@@ -149,6 +149,7 @@ class Trainer:
         t0 = time.perf_counter()
         self.announce()
         claim, started_ray, discard = RunClaim(self.storage, self.run_dir, self.break_lock), False, False
+        failure: BaseException | None = None
         try:
             if self.resume:  # a second process on the run is refused before Ray starts
                 claim.take()
@@ -169,21 +170,28 @@ class Trainer:
                         0, 0, 0.0, time.perf_counter() - t0, str(self.run_dir), interrupted=True, stopped_by=stop.name
                     )
                 return self._run(self.session, time.perf_counter() - t0)
-        except Exception:
-            discard = self.session is None or self.session.ready.state.iteration == 0
+        except BaseException as error:
+            failure = error
+            discard = isinstance(error, Exception) and (self.session is None or self.session.ready.state.iteration == 0)
             raise
         finally:
-            if self.session is not None:  # also when training failed: the console line ends, files are closed
-                self.session.sinks.close()
-                self.session.release()
-            if discard:  # a new run failed before its first iteration: nothing in it can be used
-                claim.discard()
-            claim.release()
-            self.storage.close()
-            if started_ray:
-                import ray
+            end_run(self._closing(claim, discard, started_ray), failure)
 
-                ray.shutdown()
+    def _closing(self, claim: RunClaim, discard: bool, started_ray: bool) -> list[tuple[str, Callable[[], object]]]:
+        """What an ending run closes, in order (``end_run``): the sinks and roles (also when training failed: the
+        console line ends, files are closed), a new run that failed before its first iteration (nothing in it can
+        be used), the run's lock, a Ray this run started."""
+        steps: list[tuple[str, Callable[[], object]]] = []
+        if self.session is not None:
+            steps += [("closing the metrics sinks", self.session.sinks.close), ("ending roles", self.session.release)]
+        if discard:
+            steps.append(("removing the new run", claim.discard))
+        steps += [("giving back the run's lock", claim.release), ("dropping local copies", self.storage.close)]
+        if started_ray:
+            import ray
+
+            steps.append(("stopping Ray", ray.shutdown))
+        return steps
 
     def announce(self) -> None:
         """Say (once) where the run goes when its default name was taken (the CLI does it in its first line)."""
