@@ -68,6 +68,25 @@ def read_demonstrations(config: Config, spaces: tuple) -> Any:
     return load_demonstrations(config.algo.dataset, *spaces, config.env.frame_stack)
 
 
+def closing(
+    session: Session | None, claim: RunClaim, discard: bool, started_ray: bool
+) -> list[tuple[str, Callable[[], object]]]:
+    """What an ending run closes, in order (``end_run``): the sinks and roles (also when training failed: the
+    console line ends, files are closed), a new run that failed before its first iteration (nothing in it can
+    be used: ``discard``), the run's lock, a Ray this run started."""
+    steps: list[tuple[str, Callable[[], object]]] = []
+    if session is not None:
+        steps += [("closing the metrics sinks", session.sinks.close), ("ending roles", session.release)]
+    if discard:
+        steps.append(("removing the new run", claim.discard))
+    steps += [("giving back the run's lock", claim.release), ("dropping local copies", claim.storage.close)]
+    if started_ray:
+        import ray
+
+        steps.append(("stopping Ray", ray.shutdown))
+    return steps
+
+
 class Trainer:
     """Trains ``config`` with shards and a learner group on Ray (or in-process: ``backend: local``).
 
@@ -175,23 +194,7 @@ class Trainer:
             discard = isinstance(error, Exception) and (self.session is None or self.session.ready.state.iteration == 0)
             raise
         finally:
-            end_run(self._closing(claim, discard, started_ray), failure)
-
-    def _closing(self, claim: RunClaim, discard: bool, started_ray: bool) -> list[tuple[str, Callable[[], object]]]:
-        """What an ending run closes, in order (``end_run``): the sinks and roles (also when training failed: the
-        console line ends, files are closed), a new run that failed before its first iteration (nothing in it can
-        be used), the run's lock, a Ray this run started."""
-        steps: list[tuple[str, Callable[[], object]]] = []
-        if self.session is not None:
-            steps += [("closing the metrics sinks", self.session.sinks.close), ("ending roles", self.session.release)]
-        if discard:
-            steps.append(("removing the new run", claim.discard))
-        steps += [("giving back the run's lock", claim.release), ("dropping local copies", self.storage.close)]
-        if started_ray:
-            import ray
-
-            steps.append(("stopping Ray", ray.shutdown))
-        return steps
+            end_run(closing(self.session, claim, discard, started_ray), failure)
 
     def announce(self) -> None:
         """Say (once) where the run goes when its default name was taken (the CLI does it in its first line)."""
