@@ -14,6 +14,12 @@ through a ``SinkSet``:
   ``WANDB_MODE=offline``), x axis the env steps; the run's config once, its id kept in ``wandb.json`` so a
   resumed run continues the same W&B run, and the film of each filmed evaluation (``eval.video``).
 
+What reaches the run directory is fenced by the run's lock (``raysim.storage``): a process that lost the run
+writes nothing more. Parquet rows and ``wandb.json`` are written through the run storage; TensorBoard's events
+are written to ``tb/`` while the fence is held, one record at a time (every event on disk before the fence is
+let go), or on a remote run into a local folder copied to ``tb/`` through the storage; W&B's rows are handed to
+W&B's own process while the fence is held, and that process writes its files (``wandb/``, and its server) itself.
+
 A sink may also take an evaluation's film (``video``), written to the run before it is offered.
 
 A sink that fails (also in a thread of its own, such as TensorBoard's writer) is reported once on
@@ -33,6 +39,7 @@ import tempfile
 import threading
 import time
 import weakref
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -207,10 +214,17 @@ class TensorBoardSink:
         """A ``SummaryWriter``; its background writer thread's failure is reported by ``SinkSet``, not as a
         traceback (``quiet_threads``)."""
         before = set(threading.enumerate())
-        writer = self.SummaryWriter(self.log_dir, purge_step=purge_step or None)
+        with self._fenced():
+            writer = self.SummaryWriter(self.log_dir, purge_step=purge_step or None)
+            writer.flush()
         started = [t for t in set(threading.enumerate()) - before if type(t).__module__.startswith("tensorboard")]
         self.threads += quiet_threads(started)
         return writer
+
+    def _fenced(self) -> AbstractContextManager[None]:
+        """The run's fence while the writer writes to the run's ``tb/`` itself (a local run: ``flush`` drains the
+        writer's queue inside it); none for a local mirror, which reaches the run through the storage."""
+        return self.storage.fenced() if self.mirror is None else nullcontext()
 
     def _raise_thread_failure(self) -> None:
         """The failure of a writer thread (e.g. a full disk), raised here where the sink's caller reports it."""
@@ -220,10 +234,11 @@ class TensorBoardSink:
 
     def write(self, record: Record) -> None:
         step = int(record[self.counter])
-        for key, value in record.items():
-            if key not in ("env_steps", "iteration"):
-                self.writer.add_scalar(tag(key), value, global_step=step)
-        self.writer.flush()
+        with self._fenced():
+            for key, value in record.items():
+                if key not in ("env_steps", "iteration"):
+                    self.writer.add_scalar(tag(key), value, global_step=step)
+            self.writer.flush()
         self._raise_thread_failure()
 
     def flush(self) -> None:
@@ -233,7 +248,8 @@ class TensorBoardSink:
         self._raise_thread_failure()
 
     def close(self) -> None:
-        self.writer.close()
+        with self._fenced():
+            self.writer.close()
         self._raise_thread_failure()
         if self.mirror is not None:
             self.storage.upload(Path(self.mirror), "tb")
@@ -242,7 +258,8 @@ class TensorBoardSink:
 
     def rewind(self, iteration: int, env_steps: int) -> None:
         """The run continues from ``env_steps`` (or ``iteration``): TensorBoard hides the events logged after them."""
-        self.writer.close()
+        with self._fenced():
+            self.writer.close()
         self.writer = self._open((iteration if self.counter == "iteration" else env_steps) + 1)
 
 
@@ -263,6 +280,11 @@ class WandbSink:
     Rows logged again (a resume from a checkpoint older than the last row, a learner restarted from an older
     checkpoint) are logged again: W&B cannot drop points (its rewind is a private preview), so it keeps the
     earlier points beside them, at the same env steps; ``metrics/`` keeps one row per log step.
+
+    ``wandb.init``, every row and ``finish`` happen while this process holds the run (its lock's fence): a process
+    that lost the run hands W&B nothing more and does not finish the W&B run, which the process that took the run
+    over may have resumed. W&B's own process writes its files (``wandb/``) as it receives them: what was handed
+    to it before the loss may land there just after, beyond any fence; it ends with this process.
     """
 
     name = "wandb"
@@ -275,16 +297,17 @@ class WandbSink:
         self.storage, self.wandb = storage, wandb
         self.counter = "iteration" if by_iteration else "env_steps"
         kept = json.loads(storage.read(WANDB_RUN)) if storage.exists(WANDB_RUN) else {}
-        self.run = wandb.init(
-            id=kept.get("id"),
-            resume="allow" if kept else None,
-            project=kept.get("project") or None,
-            entity=kept.get("entity") or None,
-            name=os.environ.get("WANDB_NAME") or storage.location.rstrip("/").rsplit("/", 1)[-1],
-            dir=storage.location if storage.is_local and not os.environ.get("WANDB_DIR") else None,
-            config=config,
-            allow_val_change=bool(kept),
-        )
+        with storage.fenced():
+            self.run = wandb.init(
+                id=kept.get("id"),
+                resume="allow" if kept else None,
+                project=kept.get("project") or None,
+                entity=kept.get("entity") or None,
+                name=os.environ.get("WANDB_NAME") or storage.location.rstrip("/").rsplit("/", 1)[-1],
+                dir=storage.location if storage.is_local and not os.environ.get("WANDB_DIR") else None,
+                config=config,
+                allow_val_change=bool(kept),
+            )
         try:
             self.run.define_metric("*", step_metric=self.counter)
             if not kept:
@@ -295,17 +318,20 @@ class WandbSink:
             raise
 
     def write(self, record: Record) -> None:
-        self.run.log(record)
+        with self.storage.fenced():
+            self.run.log(record)
 
     def video(self, rel: str, iteration: int, env_steps: int) -> None:
         """The film of the evaluation after ``iteration`` (``rel`` of the run) as ``eval_video``, at its env steps."""
         film = self.wandb.Video(
             io.BytesIO(self.storage.read(rel)), caption=f"iteration {iteration}", format=Path(rel).suffix[1:]
         )
-        self.run.log({"eval_video": film, self.counter: iteration if self.counter == "iteration" else env_steps})
+        with self.storage.fenced():
+            self.run.log({"eval_video": film, self.counter: iteration if self.counter == "iteration" else env_steps})
 
     def close(self) -> None:
-        self.run.finish()
+        with self.storage.fenced():
+            self.run.finish()
 
 
 #: The failures of the threads ``quiet_threads`` took over (None while they run); their sinks raise them.

@@ -97,10 +97,11 @@ class LocalStorage(RunStorage):
 
     @contextmanager
     def writing_dir(self, rel: str) -> Iterator[Path]:
+        """``rel`` itself, fenced while the body writes there (a take-over waits for it to end)."""
         folder = self.root / rel
         with self.fenced():
             folder.mkdir(parents=True, exist_ok=True)
-        yield folder
+            yield folder
 
 
 class LocalStaging(Staging):
