@@ -39,13 +39,15 @@ import tempfile
 import threading
 import time
 import weakref
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
 from raysim.config import SINKS
 from raysim.records import LEGACY_METRICS, append_metrics, metric_parts, read_metrics, write_metrics
 from raysim.storage import RunStorage
+from raysim.storage.local import naming
 
 Record = dict[str, float]
 
@@ -214,17 +216,20 @@ class TensorBoardSink:
         """A ``SummaryWriter``; its background writer thread's failure is reported by ``SinkSet``, not as a
         traceback (``quiet_threads``)."""
         before = set(threading.enumerate())
-        with self._fenced():
+        with self._writing():
             writer = self.SummaryWriter(self.log_dir, purge_step=purge_step or None)
             writer.flush()
         started = [t for t in set(threading.enumerate()) - before if type(t).__module__.startswith("tensorboard")]
         self.threads += quiet_threads(started)
         return writer
 
-    def _fenced(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
         """The run's fence while the writer writes to the run's ``tb/`` itself (a local run: ``flush`` drains the
-        writer's queue inside it); none for a local mirror, which reaches the run through the storage."""
-        return self.storage.fenced() if self.mirror is None else nullcontext()
+        writer's queue inside it; none for a local mirror, which reaches the run through the storage); a failure
+        (a full disk) names the folder written."""
+        with self.storage.fenced() if self.mirror is None else nullcontext(), naming(Path(self.log_dir)):
+            yield
 
     def _raise_thread_failure(self) -> None:
         """The failure of a writer thread (e.g. a full disk), raised here where the sink's caller reports it."""
@@ -234,23 +239,25 @@ class TensorBoardSink:
 
     def write(self, record: Record) -> None:
         step = int(record[self.counter])
-        with self._fenced():
+        with self._writing():
             for key, value in record.items():
                 if key not in ("env_steps", "iteration"):
                     self.writer.add_scalar(tag(key), value, global_step=step)
             self.writer.flush()
-        self._raise_thread_failure()
+            self._raise_thread_failure()
 
     def flush(self) -> None:
         if self.mirror is not None:
-            self.writer.flush()
+            with self._writing():
+                self.writer.flush()
             self.storage.upload(Path(self.mirror), "tb")
-        self._raise_thread_failure()
+        with self._writing():
+            self._raise_thread_failure()
 
     def close(self) -> None:
-        with self._fenced():
+        with self._writing():
             self.writer.close()
-        self._raise_thread_failure()
+            self._raise_thread_failure()
         if self.mirror is not None:
             self.storage.upload(Path(self.mirror), "tb")
             shutil.rmtree(self.mirror, ignore_errors=True)
@@ -258,7 +265,7 @@ class TensorBoardSink:
 
     def rewind(self, iteration: int, env_steps: int) -> None:
         """The run continues from ``env_steps`` (or ``iteration``): TensorBoard hides the events logged after them."""
-        with self._fenced():
+        with self._writing():
             self.writer.close()
         self.writer = self._open((iteration if self.counter == "iteration" else env_steps) + 1)
 

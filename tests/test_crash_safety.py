@@ -372,7 +372,8 @@ def test_a_full_disk_ends_the_run_with_a_message_and_the_previous_checkpoint_int
     with pytest.raises(RunFailed) as failed:
         Trainer(config, sinks=[FillDiskAt(small_disk, 3)]).train()  # the save of evaluated iteration 4 fails
     message = str(failed.value)
-    assert "saving iteration 4 failed: OSError: [Errno 28] No space left on device" in message
+    full = "OSError: [Errno 28] No space left on device"
+    assert f"saving iteration 4 failed: {full}: '{run_dir}/checkpoints/4/" in message  # which write failed
     assert f"the newest intact checkpoint is {run_dir}/checkpoints/2; after fixing the cause: raysim resume" in message
     assert [c.name for c in Checkpoints(LocalStorage(run_dir)).list()] == ["2"]
     assert newest(run_dir)[1]["version"] == 2
@@ -404,7 +405,8 @@ def test_a_run_directory_turned_read_only_ends_with_the_failed_saves_own_line_an
         code = main(["train", "--local", "--run-dir", str(run_dir), *sets])
     out, err = capsys.readouterr()
     assert code == 1 and "internal error" not in err and "Traceback" not in err, err
-    assert "raysim: error: " in err and "saving iteration 4 failed: OSError: [Errno 30] Read-only file system" in err
+    read_only = f"OSError: [Errno 30] Read-only file system: '{run_dir}/checkpoints/4'"
+    assert "raysim: error: " in err and f"saving iteration 4 failed: {read_only}" in err, err
     assert err.rstrip().endswith(
         f"the newest intact checkpoint is {run_dir}/checkpoints/2; after fixing the cause: raysim resume {run_dir}"
     ), err

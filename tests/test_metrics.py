@@ -352,7 +352,7 @@ def test_a_tensorboard_writer_thread_that_fails_on_a_full_disk_is_one_line_not_a
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in thread" not in err, err
     assert [line for line in err.splitlines() if line.strip()] == [err.strip()], err  # one line
-    assert "metrics sink 'tensorboard' failed" in err and "No space left on device" in err
+    assert "metrics sink 'tensorboard' failed" in err and f"No space left on device: '{small_disk}/run/tb" in err
     assert sinks.failures["tensorboard"] >= 1 and not uncaught, uncaught
 
 
