@@ -380,14 +380,16 @@ class SinkSet:
     """Hands each record to every sink; a failing sink is reported once and never stops the others.
 
     Each sink gets its own copy of the record (the same values). A sink whose ``write`` raises is
-    reported on ``errors`` (stderr) the first time, naming it, and is still offered every later
-    record (a transient failure recovers). ``failures`` counts the records each sink failed on.
+    reported on ``errors`` (stderr) the first time, naming it and the sinks that still work (those whose last
+    call did not fail), and is still offered every later record (a transient failure recovers). ``failures``
+    counts the records each sink failed on.
     """
 
     def __init__(self, sinks: list[Any], errors: TextIO | None = None):
         self.sinks = [(sink_name(s), s) for s in sinks]
         self.errors = errors
         self.failures: dict[str, int] = {}
+        self.failing: set[str] = set()  # the sinks whose last write (or flush, close...) failed
         self.closed = False
 
     def write(self, record: Record) -> None:
@@ -396,6 +398,8 @@ class SinkSet:
                 sink.write(dict(record))
             except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
                 self.failed(name, "write", error)
+            else:
+                self.failing.discard(name)
 
     def flush(self) -> None:
         """Every sink that buffers writes what it holds (before a checkpoint: the rows it covers are durable)."""
@@ -420,6 +424,8 @@ class SinkSet:
                     method(*args)
                 except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
                     self.failed(name, what, error)
+                else:
+                    self.failing.discard(name)
 
     def close(self) -> None:
         if self.closed:
@@ -434,8 +440,9 @@ class SinkSet:
     def failed(self, name: str, what: str, error: BaseException) -> None:
         first = name not in self.failures
         self.failures[name] = self.failures.get(name, 0) + 1
+        self.failing.add(name)
         if first:
-            others = [n for n, _ in self.sinks if n != name]
+            others = [n for n, _ in self.sinks if n not in self.failing]  # those that still work
             print(
                 f"raysim: metrics sink {name!r} failed ({what}): {type(error).__name__}: {error}; it keeps "
                 f"receiving later records, and every record still goes to {', '.join(others) or 'no other sink'} "
