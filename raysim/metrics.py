@@ -25,7 +25,8 @@ A sink may also take an evaluation's film (``video``), written to the run before
 A sink that fails (also in a thread of its own, such as TensorBoard's writer) is reported once on
 stderr, in one line naming it, and keeps being offered every later record; the other sinks still get
 every record. The Parquet sink keeps the rows it has not written yet, so a failed write loses
-nothing: the next flush (or ``close``) retries it.
+nothing: the next flush (or ``close``) retries it. A sink that cannot be created is said once too; when no
+sink that keeps the records is left, Parquet takes its place.
 """
 
 from __future__ import annotations
@@ -270,6 +271,9 @@ class TensorBoardSink:
         self.writer = self._open((iteration if self.counter == "iteration" else env_steps) + 1)
 
 
+#: The sinks that keep the records (the console only shows them).
+KEEPS_RECORDS = ("parquet", "tensorboard", "wandb")
+
 #: The run's W&B run, kept so that a resumed run continues it: {"id", "project", "entity"}.
 WANDB_RUN = "wandb.json"
 
@@ -467,9 +471,10 @@ def make_sinks(
     config: dict | None = None,
 ) -> SinkSet:
     """The sinks of ``train.sinks`` for the run in ``storage`` (a resumed run: ``keep_until`` its iteration
-    and ``env_steps``). A sink that cannot be created is reported once on stderr and left out. ``by_iteration``:
-    a run without env steps (BC), whose progress is ``total_steps`` iterations. ``config``: the resolved config,
-    for the sinks that keep it (W&B)."""
+    and ``env_steps``). A sink that cannot be created is reported once on stderr and left out; when it leaves no
+    sink that keeps the records (``KEEPS_RECORDS``), Parquet takes its place. ``by_iteration``: a run without env
+    steps (BC), whose progress is ``total_steps`` iterations. ``config``: the resolved config, for the sinks that
+    keep it (W&B)."""
     resumed_at = keep_until if by_iteration else env_steps
     factories = {
         "console": lambda: ConsoleSink(total_steps, by_iteration=by_iteration),
@@ -479,17 +484,24 @@ def make_sinks(
         ),
         "wandb": lambda: WandbSink(storage, config=config, by_iteration=by_iteration),
     }
-    sinks = []
     for name in names:
         if name not in factories:
             raise ValueError(f"unknown metrics sink {name!r}; valid: {list(SINKS)}")
+    sinks, failed = [], []
+    for name in names:
         try:
             sinks.append(factories[name]())
         except Exception as error:  # noqa: BLE001 - reported, the run goes on with the other sinks
-            print(
-                f"raysim: metrics sink {name!r} could not be created: {type(error).__name__}: {error}; "
-                f"training goes on with {', '.join(n for n in names if n != name) or 'no sink'}",
-                file=errors or sys.stderr,
-                flush=True,
-            )
+            failed.append((name, error))
+    left = [sink_name(s) for s in sinks]
+    if any(n in KEEPS_RECORDS for n, _ in failed) and not any(n in KEEPS_RECORDS for n in left):
+        sinks.append(ParquetSink(storage, keep_until=keep_until))
+        left.append(f"{'and ' if left else ''}parquet in its place (metrics/): the records are kept")
+    for name, error in failed:
+        print(
+            f"raysim: metrics sink {name!r} could not be created: {type(error).__name__}: {error}; "
+            f"training goes on with {', '.join(left) or 'no sink'}",
+            file=errors or sys.stderr,
+            flush=True,
+        )
     return SinkSet(sinks, errors)

@@ -132,3 +132,12 @@ def test_a_missing_wandb_is_one_line_naming_the_extra_and_training_goes_on(tmp_p
     assert 'pip install -e ".[wandb]"' in lines[0] and lines[0].endswith("training goes on with parquet")
     assert len(read_metrics(open_storage(tmp_path / "run"))) == summary.iterations == 6
     assert not (tmp_path / "run" / "wandb.json").exists()
+
+
+def test_a_missing_wandb_as_the_only_sink_that_keeps_records_leaves_parquet_in_its_place(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    summary = train(tmp_path / "run", "train.sinks=[console,wandb]")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "wandb" in line]
+    assert len(lines) == 1 and lines[0].startswith("raysim: metrics sink 'wandb' could not be created: ImportError")
+    assert lines[0].endswith("training goes on with console, and parquet in its place (metrics/): the records are kept")
+    assert len(read_metrics(open_storage(tmp_path / "run"))) == summary.iterations == 6
