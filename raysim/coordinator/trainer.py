@@ -28,7 +28,7 @@ from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, Checkpoints, meta_json
 from raysim.config import Config, check_config, to_dict
 from raysim.coordinator.claim import RunClaim
-from raysim.coordinator.cluster import start_backend
+from raysim.coordinator.cluster import start_backend, stop_ray
 from raysim.coordinator.collector import Collected, Collector
 from raysim.coordinator.faults import on_phase
 from raysim.coordinator.memory import memory_need
@@ -81,9 +81,7 @@ def closing(
         steps.append(("removing the new run", claim.discard))
     steps += [("giving back the run's lock", claim.release), ("dropping local copies", claim.storage.close)]
     if started_ray:
-        import ray
-
-        steps.append(("stopping Ray", ray.shutdown))
+        steps.append(("stopping Ray", stop_ray))
     return steps
 
 
