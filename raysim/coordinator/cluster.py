@@ -205,8 +205,7 @@ def ray_messages_kept() -> Iterator[None]:
         for record in held.buffer:
             logger.handle(record)
         raise
-    kept = logging.FileHandler(os.path.join(ray_logs_dir(), DRIVER_LOG))
-    kept.setFormatter(logging.Formatter("%(asctime)s\t%(levelname)s %(filename)s:%(lineno)s -- %(message)s"))
+    kept = driver_log()
     held.setTarget(kept)
     held.flush()
     logger.handlers, _console = [kept], console
@@ -219,14 +218,27 @@ def raylet_report_kept(data: dict, ignore_prefix: bool) -> None:
         logging.getLogger("ray").warning("(%s) %s", data.get("pid"), line)
 
 
-def ray_logs_dir() -> str:
-    """The log directory of the Ray session this process started or attached to (the temp dir if unknown)."""
+def driver_log() -> logging.Handler:
+    """``DRIVER_LOG`` in Ray's session log directory (in the temp dir when that is unknown or not writable here)."""
+    folders = [ray_logs_dir(), tempfile.gettempdir()]
+    for folder in [f for f in folders if f]:
+        try:
+            handler = logging.FileHandler(os.path.join(folder, DRIVER_LOG))
+        except OSError:
+            continue
+        handler.setFormatter(logging.Formatter("%(asctime)s\t%(levelname)s %(filename)s:%(lineno)s -- %(message)s"))
+        return handler
+    return logging.NullHandler()
+
+
+def ray_logs_dir() -> str | None:
+    """The log directory of the Ray session this process started or attached to (None: unknown)."""
     from ray._private import worker
 
     try:
         return worker._global_node.get_logs_dir_path()
     except AttributeError:
-        return tempfile.gettempdir()
+        return None
 
 
 def stop_ray() -> None:
