@@ -197,15 +197,17 @@ def ray_messages_kept() -> Iterator[None]:
     logger = logging.getLogger("ray")
     console = _console or (list(logger.handlers), worker.print_to_stdstream)
     held = logging.handlers.MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
-    logger.handlers = [held]
+    logger.handlers, kept = [held], None
     try:
         yield
-    except BaseException:
-        logger.handlers = console[0]
-        for record in held.buffer:
-            logger.handle(record)
-        raise
-    kept = driver_log()
+        kept = driver_log()
+    finally:
+        if kept is None:  # Ray did not start (they say why), or they can be written nowhere: on the console
+            logger.handlers = console[0]
+            for record in held.buffer:
+                logger.handle(record)
+    if kept is None:
+        return
     held.setTarget(kept)
     held.flush()
     logger.handlers, _console = [kept], console
@@ -218,8 +220,9 @@ def raylet_report_kept(data: dict, ignore_prefix: bool) -> None:
         logging.getLogger("ray").warning("(%s) %s", data.get("pid"), line)
 
 
-def driver_log() -> logging.Handler:
-    """``DRIVER_LOG`` in Ray's session log directory (in the temp dir when that is unknown or not writable here)."""
+def driver_log() -> logging.Handler | None:
+    """``DRIVER_LOG`` in Ray's session log directory (in the temp dir when that is unknown or not writable here;
+    None when neither is)."""
     folders = [ray_logs_dir(), tempfile.gettempdir()]
     for folder in [f for f in folders if f]:
         try:
@@ -228,7 +231,7 @@ def driver_log() -> logging.Handler:
             continue
         handler.setFormatter(logging.Formatter("%(asctime)s\t%(levelname)s %(filename)s:%(lineno)s -- %(message)s"))
         return handler
-    return logging.NullHandler()
+    return None
 
 
 def ray_logs_dir() -> str | None:
