@@ -233,10 +233,12 @@ class TensorBoardSink:
             yield
 
     def _raise_thread_failure(self) -> None:
-        """The failure of a writer thread (e.g. a full disk), raised here where the sink's caller reports it."""
+        """The failure of a writer thread (e.g. a full disk, naming the folder), raised here where the sink's caller
+        reports it."""
         for thread in self.threads:
             if (error := THREAD_FAILURES.get(thread)) is not None:
-                raise error
+                with naming(Path(self.log_dir)):
+                    raise error
 
     def write(self, record: Record) -> None:
         step = int(record[self.counter])
@@ -245,20 +247,19 @@ class TensorBoardSink:
                 if key not in ("env_steps", "iteration"):
                     self.writer.add_scalar(tag(key), value, global_step=step)
             self.writer.flush()
-            self._raise_thread_failure()
+        self._raise_thread_failure()
 
     def flush(self) -> None:
         if self.mirror is not None:
             with self._writing():
                 self.writer.flush()
             self.storage.upload(Path(self.mirror), "tb")
-        with self._writing():
-            self._raise_thread_failure()
+        self._raise_thread_failure()
 
     def close(self) -> None:
         with self._writing():
             self.writer.close()
-            self._raise_thread_failure()
+        self._raise_thread_failure()
         if self.mirror is not None:
             self.storage.upload(Path(self.mirror), "tb")
             shutil.rmtree(self.mirror, ignore_errors=True)
