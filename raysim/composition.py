@@ -20,7 +20,22 @@ class ConfigError(ValueError):
 
 
 class _Loader(yaml.SafeLoader):
-    """The safe loader, also reading ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3``, PyYAML a str)."""
+    """The safe loader, also reading ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3``, PyYAML a str), and refusing a
+    key given twice in one mapping (YAML forbids it; PyYAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: keys given here override it
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in first:
+                    raise yaml.constructor.ConstructorError(
+                        "first given", first[key], f"key {key!r} given twice", key_node.start_mark
+                    )
+                first[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(

@@ -245,7 +245,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     such as ``reach_camera_distill``'s ``algo.teacher``, still names its env).
     """
     file = resolve_config_path(path).resolve()
-    return config_from_data(read_yaml(file) or {}, file, overrides, check)
+    return config_from_data(read_config(file), file, overrides, check)
+
+
+def read_config(file: Path) -> Any:
+    """A config file's YAML; an empty one (or only comments) is refused: it would train on every default."""
+    data = read_yaml(file)
+    if data is None:
+        raise ConfigError(
+            f"{file} is empty: it would train on every default; give a config that sets the run (`raysim config` "
+            "lists every key), or none for the packaged cartpole_ppo"
+        )
+    return data
 
 
 def config_from_data(data: Any, file: Path, overrides: list[str] | None = None, check: bool = True) -> Config:
@@ -273,7 +284,7 @@ def load_resume_config(run_dir: Path, path: str | Path | None, overrides: list[s
     if path is None:
         return load_config(snapshot, overrides)
     file = resolve_config_path(path).resolve()
-    data = read_yaml(file) or {}
+    data = read_config(file)
     if isinstance(data, dict) and "id" in data and "env" not in data:
         run = read_yaml(snapshot)
         run["env"] = {**{k: v for k, v in run["env"].items() if k != "component"}, "component": str(file)}

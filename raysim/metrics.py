@@ -14,12 +14,19 @@ through a ``SinkSet``:
   ``WANDB_MODE=offline``), x axis the env steps; the run's config once, its id kept in ``wandb.json`` so a
   resumed run continues the same W&B run, and the film of each filmed evaluation (``eval.video``).
 
+What reaches the run directory is fenced by the run's lock (``raysim.storage``): a process that lost the run
+writes nothing more. Parquet rows and ``wandb.json`` are written through the run storage; TensorBoard's events
+are written to ``tb/`` while the fence is held, one record at a time (every event on disk before the fence is
+let go), or on a remote run into a local folder copied to ``tb/`` through the storage; W&B's rows are handed to
+W&B's own process while the fence is held, and that process writes its files (``wandb/``, and its server) itself.
+
 A sink may also take an evaluation's film (``video``), written to the run before it is offered.
 
 A sink that fails (also in a thread of its own, such as TensorBoard's writer) is reported once on
 stderr, in one line naming it, and keeps being offered every later record; the other sinks still get
 every record. The Parquet sink keeps the rows it has not written yet, so a failed write loses
-nothing: the next flush (or ``close``) retries it.
+nothing: the next flush (or ``close``) retries it. A sink that cannot be created is said once too; when no
+sink that keeps the records is left, Parquet takes its place.
 """
 
 from __future__ import annotations
@@ -33,12 +40,15 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
 from raysim.config import SINKS
 from raysim.records import LEGACY_METRICS, append_metrics, metric_parts, read_metrics, write_metrics
 from raysim.storage import RunStorage
+from raysim.storage.local import naming
 
 Record = dict[str, float]
 
@@ -207,33 +217,48 @@ class TensorBoardSink:
         """A ``SummaryWriter``; its background writer thread's failure is reported by ``SinkSet``, not as a
         traceback (``quiet_threads``)."""
         before = set(threading.enumerate())
-        writer = self.SummaryWriter(self.log_dir, purge_step=purge_step or None)
+        with self._writing():
+            writer = self.SummaryWriter(self.log_dir, purge_step=purge_step or None)
+            writer.flush()
         started = [t for t in set(threading.enumerate()) - before if type(t).__module__.startswith("tensorboard")]
         self.threads += quiet_threads(started)
         return writer
 
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The run's fence while the writer writes to the run's ``tb/`` itself (a local run: ``flush`` drains the
+        writer's queue inside it; none for a local mirror, which reaches the run through the storage); a failure
+        (a full disk) names the folder written."""
+        with self.storage.fenced() if self.mirror is None else nullcontext(), naming(Path(self.log_dir)):
+            yield
+
     def _raise_thread_failure(self) -> None:
-        """The failure of a writer thread (e.g. a full disk), raised here where the sink's caller reports it."""
+        """The failure of a writer thread (e.g. a full disk, naming the folder), raised here where the sink's caller
+        reports it."""
         for thread in self.threads:
             if (error := THREAD_FAILURES.get(thread)) is not None:
-                raise error
+                with naming(Path(self.log_dir)):
+                    raise error
 
     def write(self, record: Record) -> None:
         step = int(record[self.counter])
-        for key, value in record.items():
-            if key not in ("env_steps", "iteration"):
-                self.writer.add_scalar(tag(key), value, global_step=step)
-        self.writer.flush()
+        with self._writing():
+            for key, value in record.items():
+                if key not in ("env_steps", "iteration"):
+                    self.writer.add_scalar(tag(key), value, global_step=step)
+            self.writer.flush()
         self._raise_thread_failure()
 
     def flush(self) -> None:
         if self.mirror is not None:
-            self.writer.flush()
+            with self._writing():
+                self.writer.flush()
             self.storage.upload(Path(self.mirror), "tb")
         self._raise_thread_failure()
 
     def close(self) -> None:
-        self.writer.close()
+        with self._writing():
+            self.writer.close()
         self._raise_thread_failure()
         if self.mirror is not None:
             self.storage.upload(Path(self.mirror), "tb")
@@ -242,9 +267,13 @@ class TensorBoardSink:
 
     def rewind(self, iteration: int, env_steps: int) -> None:
         """The run continues from ``env_steps`` (or ``iteration``): TensorBoard hides the events logged after them."""
-        self.writer.close()
+        with self._writing():
+            self.writer.close()
         self.writer = self._open((iteration if self.counter == "iteration" else env_steps) + 1)
 
+
+#: The sinks that keep the records (the console only shows them).
+KEEPS_RECORDS = ("parquet", "tensorboard", "wandb")
 
 #: The run's W&B run, kept so that a resumed run continues it: {"id", "project", "entity"}.
 WANDB_RUN = "wandb.json"
@@ -263,6 +292,11 @@ class WandbSink:
     Rows logged again (a resume from a checkpoint older than the last row, a learner restarted from an older
     checkpoint) are logged again: W&B cannot drop points (its rewind is a private preview), so it keeps the
     earlier points beside them, at the same env steps; ``metrics/`` keeps one row per log step.
+
+    ``wandb.init``, every row and ``finish`` happen while this process holds the run (its lock's fence): a process
+    that lost the run hands W&B nothing more and does not finish the W&B run, which the process that took the run
+    over may have resumed. W&B's own process writes its files (``wandb/``) as it receives them: what was handed
+    to it before the loss may land there just after, beyond any fence; it ends with this process.
     """
 
     name = "wandb"
@@ -275,16 +309,17 @@ class WandbSink:
         self.storage, self.wandb = storage, wandb
         self.counter = "iteration" if by_iteration else "env_steps"
         kept = json.loads(storage.read(WANDB_RUN)) if storage.exists(WANDB_RUN) else {}
-        self.run = wandb.init(
-            id=kept.get("id"),
-            resume="allow" if kept else None,
-            project=kept.get("project") or None,
-            entity=kept.get("entity") or None,
-            name=os.environ.get("WANDB_NAME") or storage.location.rstrip("/").rsplit("/", 1)[-1],
-            dir=storage.location if storage.is_local and not os.environ.get("WANDB_DIR") else None,
-            config=config,
-            allow_val_change=bool(kept),
-        )
+        with storage.fenced():
+            self.run = wandb.init(
+                id=kept.get("id"),
+                resume="allow" if kept else None,
+                project=kept.get("project") or None,
+                entity=kept.get("entity") or None,
+                name=os.environ.get("WANDB_NAME") or storage.location.rstrip("/").rsplit("/", 1)[-1],
+                dir=storage.location if storage.is_local and not os.environ.get("WANDB_DIR") else None,
+                config=config,
+                allow_val_change=bool(kept),
+            )
         try:
             self.run.define_metric("*", step_metric=self.counter)
             if not kept:
@@ -295,17 +330,20 @@ class WandbSink:
             raise
 
     def write(self, record: Record) -> None:
-        self.run.log(record)
+        with self.storage.fenced():
+            self.run.log(record)
 
     def video(self, rel: str, iteration: int, env_steps: int) -> None:
         """The film of the evaluation after ``iteration`` (``rel`` of the run) as ``eval_video``, at its env steps."""
         film = self.wandb.Video(
             io.BytesIO(self.storage.read(rel)), caption=f"iteration {iteration}", format=Path(rel).suffix[1:]
         )
-        self.run.log({"eval_video": film, self.counter: iteration if self.counter == "iteration" else env_steps})
+        with self.storage.fenced():
+            self.run.log({"eval_video": film, self.counter: iteration if self.counter == "iteration" else env_steps})
 
     def close(self) -> None:
-        self.run.finish()
+        with self.storage.fenced():
+            self.run.finish()
 
 
 #: The failures of the threads ``quiet_threads`` took over (None while they run); their sinks raise them.
@@ -347,14 +385,16 @@ class SinkSet:
     """Hands each record to every sink; a failing sink is reported once and never stops the others.
 
     Each sink gets its own copy of the record (the same values). A sink whose ``write`` raises is
-    reported on ``errors`` (stderr) the first time, naming it, and is still offered every later
-    record (a transient failure recovers). ``failures`` counts the records each sink failed on.
+    reported on ``errors`` (stderr) the first time, naming it and the sinks that still work (those whose last
+    call did not fail), and is still offered every later record (a transient failure recovers). ``failures``
+    counts the records each sink failed on.
     """
 
     def __init__(self, sinks: list[Any], errors: TextIO | None = None):
         self.sinks = [(sink_name(s), s) for s in sinks]
         self.errors = errors
         self.failures: dict[str, int] = {}
+        self.failing: set[str] = set()  # the sinks whose last write (or flush, close...) failed
         self.closed = False
 
     def write(self, record: Record) -> None:
@@ -363,6 +403,8 @@ class SinkSet:
                 sink.write(dict(record))
             except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
                 self.failed(name, "write", error)
+            else:
+                self.failing.discard(name)
 
     def flush(self) -> None:
         """Every sink that buffers writes what it holds (before a checkpoint: the rows it covers are durable)."""
@@ -387,6 +429,8 @@ class SinkSet:
                     method(*args)
                 except Exception as error:  # noqa: BLE001 - reported once; the other sinks go on
                     self.failed(name, what, error)
+                else:
+                    self.failing.discard(name)
 
     def close(self) -> None:
         if self.closed:
@@ -401,8 +445,9 @@ class SinkSet:
     def failed(self, name: str, what: str, error: BaseException) -> None:
         first = name not in self.failures
         self.failures[name] = self.failures.get(name, 0) + 1
+        self.failing.add(name)
         if first:
-            others = [n for n, _ in self.sinks if n != name]
+            others = [n for n, _ in self.sinks if n not in self.failing]  # those that still work
             print(
                 f"raysim: metrics sink {name!r} failed ({what}): {type(error).__name__}: {error}; it keeps "
                 f"receiving later records, and every record still goes to {', '.join(others) or 'no other sink'} "
@@ -427,9 +472,10 @@ def make_sinks(
     config: dict | None = None,
 ) -> SinkSet:
     """The sinks of ``train.sinks`` for the run in ``storage`` (a resumed run: ``keep_until`` its iteration
-    and ``env_steps``). A sink that cannot be created is reported once on stderr and left out. ``by_iteration``:
-    a run without env steps (BC), whose progress is ``total_steps`` iterations. ``config``: the resolved config,
-    for the sinks that keep it (W&B)."""
+    and ``env_steps``). A sink that cannot be created is reported once on stderr and left out; when it leaves no
+    sink that keeps the records (``KEEPS_RECORDS``), Parquet takes its place. ``by_iteration``: a run without env
+    steps (BC), whose progress is ``total_steps`` iterations. ``config``: the resolved config, for the sinks that
+    keep it (W&B)."""
     resumed_at = keep_until if by_iteration else env_steps
     factories = {
         "console": lambda: ConsoleSink(total_steps, by_iteration=by_iteration),
@@ -439,17 +485,24 @@ def make_sinks(
         ),
         "wandb": lambda: WandbSink(storage, config=config, by_iteration=by_iteration),
     }
-    sinks = []
     for name in names:
         if name not in factories:
             raise ValueError(f"unknown metrics sink {name!r}; valid: {list(SINKS)}")
+    sinks, failed = [], []
+    for name in names:
         try:
             sinks.append(factories[name]())
         except Exception as error:  # noqa: BLE001 - reported, the run goes on with the other sinks
-            print(
-                f"raysim: metrics sink {name!r} could not be created: {type(error).__name__}: {error}; "
-                f"training goes on with {', '.join(n for n in names if n != name) or 'no sink'}",
-                file=errors or sys.stderr,
-                flush=True,
-            )
+            failed.append((name, error))
+    left = [sink_name(s) for s in sinks]
+    if any(n in KEEPS_RECORDS for n, _ in failed) and not any(n in KEEPS_RECORDS for n in left):
+        sinks.append(ParquetSink(storage, keep_until=keep_until))
+        left.append(f"{'and ' if left else ''}parquet in its place (metrics/): the records are kept")
+    for name, error in failed:
+        print(
+            f"raysim: metrics sink {name!r} could not be created: {type(error).__name__}: {error}; "
+            f"training goes on with {', '.join(left) or 'no sink'}",
+            file=errors or sys.stderr,
+            flush=True,
+        )
     return SinkSet(sinks, errors)

@@ -34,5 +34,5 @@ def test_an_unknown_task_is_refused_in_one_line_naming_the_flag(capsys):
         cli_main(["bench", "metaworld", "--task", "reach-v9"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "--task reach-v9: raysim/MetaWorld: unknown tasks ['reach-v9']" in err
+    assert "--task reach-v9: raysim/MetaWorld: unknown task 'reach-v9'; did you mean 'reach-v3'?" in err
     assert "Traceback" not in err

@@ -232,6 +232,7 @@ def test_a_full_disk_fails_the_save_with_the_previous_checkpoint_intact(small_di
     with pytest.raises(OSError) as error:
         save(small_disk, 2, big, {})
     assert error.value.errno == 28  # ENOSPC
+    assert error.value.filename.startswith(f"{small_disk}/checkpoints/2/")  # which write failed
     assert sorted(os.listdir(small_disk / "checkpoints")) == ["1"]
     assert store(small_disk).newest_intact()[1]["version"] == 1
 

@@ -373,10 +373,57 @@ def test_a_full_disk_ends_the_run_with_a_message_and_the_previous_checkpoint_int
     with pytest.raises(RunFailed) as failed:
         Trainer(config, sinks=[FillDiskAt(small_disk, 3)]).train()  # the save of evaluated iteration 4 fails
     message = str(failed.value)
-    assert "saving iteration 4 failed: OSError: [Errno 28] No space left on device" in message
+    full = "OSError: [Errno 28] No space left on device"
+    assert f"saving iteration 4 failed: {full}: '{run_dir}/checkpoints/4/" in message  # which write failed
     assert f"the newest intact checkpoint is {run_dir}/checkpoints/2; after fixing the cause: raysim resume" in message
     assert [c.name for c in Checkpoints(LocalStorage(run_dir)).list()] == ["2"]
     assert newest(run_dir)[1]["version"] == 2
+
+
+@pytest.fixture
+def remountable(tmp_path):
+    """A tmpfs that a test can turn read-only mid-run (``mount -o remount,ro``: chmod does not stop root); skipped,
+    saying why, where mounting or remounting is not permitted."""
+    from tests.support.tmpfs import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path, "size=64m", "a tmpfs") as mount:
+        for mode in ("ro", "rw"):
+            done = subprocess.run(["mount", "-o", f"remount,{mode}", str(mount)], capture_output=True, text=True)
+            if done.returncode:
+                pytest.skip(f"cannot remount a tmpfs read-only here: {done.stderr.strip()}")
+        yield mount
+
+
+def test_a_run_directory_turned_read_only_ends_with_the_failed_saves_own_line_and_resume_hint(remountable, capsys):
+    run_dir = remountable / "run"
+
+    def read_only(phase: str, iteration: int, session) -> None:
+        if (phase, iteration) == ("collect", 3):  # after the checkpoint of iteration 2
+            subprocess.run(["mount", "-o", "remount,ro", str(remountable)], check=True)
+
+    sets = [i for o in [*TINY, "eval.every=0", "eval.episodes=0", "checkpoint.every=2"] for i in ("--set", o)]
+    with faults.registered(read_only):
+        code = main(["train", "--local", "--run-dir", str(run_dir), *sets])
+    out, err = capsys.readouterr()
+    assert code == 1 and "internal error" not in err and "Traceback" not in err, err
+    read_only = f"OSError: [Errno 30] Read-only file system: '{run_dir}/checkpoints/4'"
+    assert "raysim: error: " in err and f"saving iteration 4 failed: {read_only}" in err, err
+    assert err.rstrip().endswith(
+        f"the newest intact checkpoint is {run_dir}/checkpoints/2; after fixing the cause: raysim resume {run_dir}"
+    ), err
+    assert "giving back the run's lock failed" in err and "lock.json" in err, err  # said, and not instead
+
+
+def test_a_cleanup_failure_after_a_run_that_ended_well_is_still_said(tmp_path, capsys, monkeypatch):
+    def refuse(self) -> None:
+        raise OSError(30, "Read-only file system", str(tmp_path / "run" / "lock.json"))
+
+    monkeypatch.setattr(RunLock, "release", refuse)
+    sets = [i for o in [*TINY, "eval.episodes=0", "train.total_steps=256"] for i in ("--set", o)]
+    code = main(["train", "--local", "--run-dir", str(tmp_path / "run"), *sets])
+    err = capsys.readouterr().err
+    assert code == 1 and "internal error" not in err, err
+    assert "giving back the run's lock failed: OSError: [Errno 30] Read-only file system" in err, err
 
 
 def test_checkpoints_are_saved_by_wall_time_too(tmp_path):

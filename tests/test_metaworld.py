@@ -220,6 +220,25 @@ def test_a_pipeline_whose_groups_split_the_tasks_is_refused_in_one_line_before_r
     ), err
 
 
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("env.kwargs.tasks=[reahc-v3]", "unknown task 'reahc-v3'; did you mean 'reach-v3'?"),
+        ("env.kwargs.goals=bogus", "goals must be one of ['benchmark', 'sampled'], got 'bogus'"),
+    ],
+    ids=["unknown task", "goals"],
+)
+def test_a_meta_world_option_error_names_the_env_once_and_an_unknown_task_the_closest_one(
+    tmp_path, capsys, setting, expected
+):
+    from raysim.cli import main
+
+    assert main(["train", "metaworld_reach_ppo", "--local", "--run-dir", str(tmp_path / "run"), "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert err.count("raysim/MetaWorld") == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert "window-open-v3" not in err  # not the 50 names
+
+
 @pytest.mark.slow  # ~13 s each on a quiet machine: 50 Sawyer envs and MT10's goal table
 @pytest.mark.parametrize("goals", ["benchmark", "sampled"])
 def test_mt10_evaluation_records_and_per_task_report_are_the_same_on_1x10_2x10_and_1x20_rows(goals):

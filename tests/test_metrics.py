@@ -306,6 +306,33 @@ def test_a_failing_sink_is_reported_once_and_the_others_get_every_record(tmp_pat
     assert len(sinks.sinks[1][1].records) == 4
 
 
+class FailsFrom:
+    """A sink named ``name`` whose writes fail from the record of ``iteration`` on, until ``recovers`` (if given)."""
+
+    def __init__(self, name: str, iteration: int, recovers: int | None = None):
+        self.name, self.iteration, self.recovers = name, iteration, recovers
+
+    def write(self, record):
+        if record["iteration"] >= self.iteration and (self.recovers is None or record["iteration"] < self.recovers):
+            raise OSError(f"{self.name} cannot write")
+
+    def close(self):
+        pass
+
+
+def test_a_sink_failure_line_names_only_the_sinks_that_still_work():
+    errors = io.StringIO()
+    sinks = SinkSet([Recorder("console"), FailsFrom("tensorboard", 1, recovers=4), FailsFrom("parquet", 2)], errors)
+    for i in range(1, 4):
+        sinks.write({"iteration": i})
+    first, second = errors.getvalue().splitlines()
+    assert first.endswith("every record still goes to console, parquet (reported once)"), first
+    assert second.endswith("every record still goes to console (reported once)"), second  # not tensorboard
+    sinks.write({"iteration": 4})  # tensorboard writes again
+    sinks.failed("console", "write", OSError("closed"))
+    assert errors.getvalue().splitlines()[-1].endswith("still goes to tensorboard (reported once)")
+
+
 def test_all_three_sinks_are_the_default_and_unknown_sinks_are_refused():
     assert raysim.load_config(None).train.sinks == ["console", "parquet", "tensorboard"]
     valid = r"\['console', 'parquet', 'tensorboard', 'wandb'\]"
@@ -353,7 +380,7 @@ def test_a_tensorboard_writer_thread_that_fails_on_a_full_disk_is_one_line_not_a
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in thread" not in err, err
     assert [line for line in err.splitlines() if line.strip()] == [err.strip()], err  # one line
-    assert "metrics sink 'tensorboard' failed" in err and "No space left on device" in err
+    assert "metrics sink 'tensorboard' failed" in err and f"No space left on device: '{small_disk}/run/tb" in err
     assert sinks.failures["tensorboard"] >= 1 and not uncaught, uncaught
 
 

@@ -107,3 +107,40 @@ def test_attaching_to_a_token_cluster_without_the_token_says_what_to_set(head, t
     done, _ = raysim(["train", "--address", head.address, *TINY], env, tmp_path, timeout=180)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "requires token authentication: set RAY_AUTH_MODE=token" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rays_own_messages_go_to_its_log_directory_not_the_console(tmp_path, monkeypatch, capfd):
+    import io
+    import logging
+
+    import ray
+    from ray._private import worker
+
+    import raysim
+    from raysim.coordinator import cluster
+
+    def init(**kwargs):  # what an embedded start says
+        logging.getLogger("ray._private.authentication.authentication_token_setup").warning(
+            "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out."
+        )
+        logging.getLogger("ray._private.worker").info("Started a local Ray instance.")
+
+    console = io.StringIO()  # where the ``ray`` logger writes (Ray's handler keeps the stderr it was made with)
+    monkeypatch.setattr(logging.getLogger("ray"), "handlers", [logging.StreamHandler(console)])
+    monkeypatch.setattr(worker, "print_to_stdstream", worker.print_to_stdstream)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(cluster, "ray_logs_dir", lambda: str(tmp_path), raising=False)
+    capfd.readouterr()
+    assert cluster.connect(raysim.load_config(None), "local")  # an embedded start
+    died = "A worker died or was killed while executing a task by an unexpected system error."
+    worker.print_to_stdstream({"lines": [died], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    out, err = capfd.readouterr()
+    assert out + err + console.getvalue() == "", out + err + console.getvalue()  # raysim's own lines only
+    kept = (tmp_path / "raysim-driver.log").read_text()
+    assert "Token authentication is enabled" in kept and "Started a local Ray instance" in kept, kept
+    assert f"(raylet) {died}" in kept, kept
+    cluster.stop_ray()
+    logging.getLogger("ray.util").warning("after the run")
+    assert console.getvalue() == "after the run\n"  # Ray's messages reach the console again once it stopped

@@ -220,6 +220,80 @@ def test_a_training_run_whose_lock_was_taken_over_stops_without_saving_or_a_resu
         trainer.wait()
 
 
+TRAIN_WITH_FAKE_WANDB = """
+import sys
+from tests.support.fake_wandb import CallFile, fake_wandb_module
+sys.modules["wandb"] = fake_wandb_module(CallFile(sys.argv[1]))  # each call's name a line of that file
+from raysim.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def scalar_events(tb: Path) -> int:
+    """The scalar events in the TensorBoard files of ``tb``."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    return sum(1 for f in sorted(tb.glob("events.*")) for e in EventFileLoader(str(f)).Load() if e.summary.value)
+
+
+def files(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Every file of the run but its lock, with its size and modification time."""
+    found = (p for p in run_dir.rglob("*") if p.is_file() and p.name != RunLock.FILE)
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in found}
+
+
+def test_nothing_of_a_taken_over_training_run_lands_after_the_take_over_tensorboard_and_wandb_included(tmp_path):
+    """The lease of 120 s is renewed every 30 s and Parquet flushes every 10 s: only a fence on every TensorBoard
+    event and W&B row stops the old holder before it writes again."""
+    run_dir, calls = tmp_path / "run", tmp_path / "wandb-calls"
+    sinks = "train.sinks=[parquet,tensorboard,wandb]"
+    sets = [i for o in [*TINY, "train.total_steps=100000000", "train.log_every=1", sinks] for i in ("--set", o)]
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAIN_WITH_FAKE_WANDB, str(calls), "train", "--local", "--run-dir", str(run_dir), *sets],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while (calls.read_text().count("log\n") if calls.exists() else 0) < 3 and trainer.poll() is None:
+            assert time.monotonic() < deadline, "no W&B row after 180 s"
+            time.sleep(0.05)
+        lock = RunLock(LocalStorage(run_dir))
+        assert "forced" in lock.acquire(force=True)  # a --break-lock ...
+        taken = files(run_dir), scalar_events(run_dir / "tb"), calls.read_text().count("log\n")
+        lock.release()  # ... that gave the run back (a sweep's start over)
+        out, err = trainer.communicate(timeout=120)
+        assert trainer.returncode == 1 and "was taken over" in err and "stops now" in err, out[-2000:] + err[-2000:]
+        assert taken[1] > 0 and taken[2] >= 3
+        assert (files(run_dir), scalar_events(run_dir / "tb"), calls.read_text().count("log\n")) == taken
+        assert "finish" not in calls.read_text()  # W&B is not finished by a process that lost the run
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def test_what_a_writer_puts_in_a_writing_dir_lands_before_a_take_over_never_after(tmp_path):
+    storage = LocalStorage(tmp_path / "run")
+    holder = Holder(storage, lease=60.0)
+    holder.acquire()
+    other = RunLock(LocalStorage(tmp_path / "run"))
+    taking = threading.Thread(target=other.acquire, kwargs={"force": True})
+    with storage.writing_dir("resources") as folder:  # a task's resource export hook
+        taking.start()
+        taking.join(0.5)  # a take-over would be done by now: it waits for the writer
+        (folder / "table.npy").write_bytes(b"written")
+        written_after_take_over = other._version is not None
+    taking.join(10)
+    try:
+        assert other._version is not None and not written_after_take_over
+        with pytest.raises(LeaseLostError), storage.writing_dir("resources"):
+            pass
+        assert holder.lost
+    finally:
+        other.release()
+        holder.release()
+
+
 def test_a_restarted_trial_never_deletes_a_run_directory_a_live_process_holds(tmp_path):
     storage = LocalStorage(tmp_path)
     storage.write("checkpoints/4/state.pt", b"weights")

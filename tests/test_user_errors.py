@@ -236,6 +236,31 @@ def test_malformed_yaml_is_its_file_line_and_column_in_one_line(tmp_path, capsys
     assert len(err.strip().splitlines()) == 1 and "<unicode string>" not in err
 
 
+@pytest.mark.parametrize(
+    ("text", "where", "key", "first"),
+    [
+        ("seed: 1\nname: dup\nseed: 2\n", ":3:1:", "'seed'", "line 1"),
+        ("algo:\n  lr: 1e-3\n  gamma: 0.9\n  lr: 3e-4\n", ":4:3:", "'lr'", "line 2"),
+    ],
+    ids=["top level", "nested"],
+)
+def test_a_key_given_twice_is_refused_naming_it_its_file_and_both_lines(
+    tmp_path, capsys, ray_never_starts, text, where, key, first
+):
+    config = tmp_path / "twice.yaml"
+    config.write_text(text)
+    err = refused(["train", str(config)], capsys, ray_never_starts, f"{config}{where}", key, first)
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n"], ids=["empty", "comment"])
+def test_an_empty_config_file_is_refused_in_one_line(tmp_path, capsys, ray_never_starts, text):
+    config = tmp_path / "empty.yaml"
+    config.write_text(text)
+    err = refused(["train", str(config), "--run-dir", str(tmp_path / "run")], capsys, ray_never_starts, str(config))
+    assert "empty" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
 @pytest.fixture
 def not_ray():
     """host:port of a TCP server that accepts connections and never answers (something that is not Ray)."""

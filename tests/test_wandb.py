@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import raysim
 from raysim.config import to_dict
 from raysim.records import read_metrics
 from raysim.storage import open_storage
+from tests.support.fake_wandb import fake_wandb_module
 
 # 1 shard x 4 rows x 32 steps = 128 env steps per iteration: 6 iterations
 TINY = [
@@ -33,40 +33,11 @@ TINY = [
 ]
 
 
-class FakeRun:
-    """What the sink uses of a ``wandb.Run``; every call kept in ``calls``."""
-
-    def __init__(self, calls: list, **kwargs):
-        self.calls, self.id = calls, kwargs["id"] or "fake-id"
-        self.project, self.entity = kwargs["project"] or "fake-project", kwargs["entity"] or "fake-entity"
-
-    def define_metric(self, name: str, step_metric: str | None = None) -> None:
-        self.calls.append(("define_metric", name, step_metric))
-
-    def log(self, row: dict) -> None:
-        self.calls.append(("log", row))
-
-    def finish(self, exit_code: int | None = None) -> None:
-        self.calls.append(("finish", exit_code))
-
-
-class FakeVideo:
-    def __init__(self, data, caption: str | None = None, format: str | None = None):
-        self.data, self.caption, self.format = data.read(), caption, format
-
-
 @pytest.fixture
 def fake_wandb(monkeypatch) -> list:
     """A fake ``wandb`` module in ``sys.modules``; the list of every call made to it, in order."""
     calls: list = []
-    module = types.ModuleType("wandb")
-
-    def init(**kwargs):
-        calls.append(("init", kwargs))
-        return FakeRun(calls, **kwargs)
-
-    module.init, module.Video = init, FakeVideo
-    monkeypatch.setitem(sys.modules, "wandb", module)
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb_module(calls))
     for name in ("WANDB_DIR", "WANDB_NAME"):
         monkeypatch.delenv(name, raising=False)
     return calls
@@ -161,3 +132,12 @@ def test_a_missing_wandb_is_one_line_naming_the_extra_and_training_goes_on(tmp_p
     assert 'pip install -e ".[wandb]"' in lines[0] and lines[0].endswith("training goes on with parquet")
     assert len(read_metrics(open_storage(tmp_path / "run"))) == summary.iterations == 6
     assert not (tmp_path / "run" / "wandb.json").exists()
+
+
+def test_a_missing_wandb_as_the_only_sink_that_keeps_records_leaves_parquet_in_its_place(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    summary = train(tmp_path / "run", "train.sinks=[console,wandb]")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "wandb" in line]
+    assert len(lines) == 1 and lines[0].startswith("raysim: metrics sink 'wandb' could not be created: ImportError")
+    assert lines[0].endswith("training goes on with console, and parquet in its place (metrics/): the records are kept")
+    assert len(read_metrics(open_storage(tmp_path / "run"))) == summary.iterations == 6

@@ -9,16 +9,26 @@ what every role asks for (shards, evaluation shards, learner ranks: CPUs, GPUs, 
 with what the cluster has (and the least memory with the cluster's): a run that can never fit is an
 error with the numbers and the keys to change; one that fits once the autoscaler adds nodes (or
 other work frees room) waits with a line every few seconds, up to ``resources_timeout``.
+
+Ray's own messages to the driver (its ``ray`` logger: a token warning on every embedded start, "Started a
+local Ray instance"; what the raylet reports, such as its six-line "A worker died" beside raysim's one-line
+fault line) go to ``raysim-driver.log`` in Ray's session log directory (``ray_logs_dir``: e.g.
+``/tmp/ray/session_latest/logs/``, beside Ray's own logs of its workers), not to the console, while a Ray
+this process started or attached to runs (``stop_ray`` gives them back); a Ray that fails to start says them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import logging.handlers
 import math
 import os
 import socket
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -113,7 +123,7 @@ def start_backend(config: Config, address: str | None = None, memory: MemoryNeed
         wait_for_room(config, ray)
     except BaseException:
         if started:  # a Ray this call started ends with it (a script that catches the error keeps no cluster)
-            ray.shutdown()
+            stop_ray()
         raise
     return RayBackend(), started
 
@@ -135,11 +145,16 @@ def refuse_oversized(
 
 
 def connect(
-    config: Config, address: str | None = None, extra_cpus: float = 0.0, memory: MemoryNeed | None = None
+    config: Config,
+    address: str | None = None,
+    extra_cpus: float = 0.0,
+    memory: MemoryNeed | None = None,
+    keep_messages: bool = True,
 ) -> bool:
     """Attach to Ray, or start an embedded one sized for ``config``'s roles (and ``extra_cpus``: a sweep
     trial's coordinator; refused before it starts when the roles' ``memory`` exceeds this machine's);
-    True when this call started it."""
+    True when this call started it. ``keep_messages``: Ray's own messages go to its log directory
+    (``ray_messages_kept``), not the console (a sweep keeps Tune's on the console)."""
     import ray
 
     started = False
@@ -153,13 +168,94 @@ def connect(
                     "(--address local starts an embedded one instead)",
                     flush=True,
                 )
-        if address in (None, "local"):
-            refuse_oversized(memory, machine_memory(), "this machine")
-            start_embedded(config, extra_cpus)
-        else:
-            attach(address)
+        with ray_messages_kept() if keep_messages else nullcontext():
+            if address in (None, "local"):
+                refuse_oversized(memory, machine_memory(), "this machine")
+                start_embedded(config, extra_cpus)
+            else:
+                attach(address)
         started = True
     return started
+
+
+#: The file of Ray's own messages to the driver, in Ray's session log directory.
+DRIVER_LOG = "raysim-driver.log"
+#: Where Ray's messages went before they went to ``DRIVER_LOG`` (the ``ray`` logger's handlers, the function that
+#: prints the raylet's reports), for ``stop_ray``; None while they go there.
+_console: tuple[list[logging.Handler], Callable] | None = None
+
+
+@contextmanager
+def ray_messages_kept() -> Iterator[None]:
+    """Ray's messages while the body starts Ray or attaches to it are held back, then written to ``DRIVER_LOG``, as
+    every later one and the raylet's reports are until ``stop_ray``; they reach the console when the body fails
+    (why Ray did not start)."""
+    global _console
+    import ray  # noqa: F401 - its ``ray`` logger is set up on import
+    from ray._private import worker
+
+    logger = logging.getLogger("ray")
+    console = _console or (list(logger.handlers), worker.print_to_stdstream)
+    held = logging.handlers.MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
+    logger.handlers, kept = [held], None
+    try:
+        yield
+        kept = driver_log()
+    finally:
+        if kept is None:  # Ray did not start (they say why), or they can be written nowhere: on the console
+            logger.handlers = console[0]
+            for record in held.buffer:
+                logger.handle(record)
+    if kept is None:
+        return
+    held.setTarget(kept)
+    held.flush()
+    logger.handlers, _console = [kept], console
+    worker.print_to_stdstream = raylet_report_kept
+
+
+def raylet_report_kept(data: dict, ignore_prefix: bool) -> None:
+    """A report the raylet sends the driver (Ray's ``listen_error_messages`` prints it), into ``DRIVER_LOG``."""
+    for line in data.get("lines", []):
+        logging.getLogger("ray").warning("(%s) %s", data.get("pid"), line)
+
+
+def driver_log() -> logging.Handler | None:
+    """``DRIVER_LOG`` in Ray's session log directory (in the temp dir when that is unknown or not writable here;
+    None when neither is)."""
+    folders = [ray_logs_dir(), tempfile.gettempdir()]
+    for folder in [f for f in folders if f]:
+        try:
+            handler = logging.FileHandler(os.path.join(folder, DRIVER_LOG))
+        except OSError:
+            continue
+        handler.setFormatter(logging.Formatter("%(asctime)s\t%(levelname)s %(filename)s:%(lineno)s -- %(message)s"))
+        return handler
+    return None
+
+
+def ray_logs_dir() -> str | None:
+    """The log directory of the Ray session this process started or attached to (None: unknown)."""
+    from ray._private import worker
+
+    try:
+        return worker._global_node.get_logs_dir_path()
+    except AttributeError:
+        return None
+
+
+def stop_ray() -> None:
+    """End the Ray this process started or attached to (``connect``); Ray's messages reach the console again."""
+    global _console
+    import ray
+    from ray._private import worker
+
+    ray.shutdown()
+    if _console is not None:
+        logger = logging.getLogger("ray")
+        for handler in logger.handlers:
+            handler.close()
+        (logger.handlers, worker.print_to_stdstream), _console = _console, None
 
 
 def running_cluster() -> str | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from raysim.checkpoint import locate_checkpoint
 from raysim.config import Config, ConfigError, load_config, load_run_config
-from raysim.coordinator.cluster import start_backend
+from raysim.coordinator.cluster import start_backend, stop_ray
 from raysim.coordinator.preflight import check_env_and_model, check_policy, check_renders
 from raysim.coordinator.roles import create_shard
 from raysim.coordinator.servers import Servers
@@ -148,7 +148,5 @@ def evaluate_config(
         for handle in [*shards, *(servers.handles if servers is not None else [])]:
             runner.kill(handle)
         if started:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
     return report

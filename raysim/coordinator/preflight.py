@@ -50,7 +50,9 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
     except EnvOptionError as error:
         raise ConfigError(f"env.kwargs.{error.key}: {one_line(error)}") from error
     except (ValueError, TypeError, KeyError, LookupError) as error:  # the task's own check of its options
-        raise ConfigError(f"env.kwargs: {env_id}: {one_line(error)}") from error
+        said = one_line(error)
+        named = said if said.startswith(f"{env_id}:") else f"{env_id}: {said}"  # named once (a task's own names it)
+        raise ConfigError(f"env.kwargs: {named}") from error
     for message in messages:
         print(f"raysim: {env_id}: {message}", flush=True)
     if "atari" in config.env.kwargs and config.env.frame_stack.k > 1:

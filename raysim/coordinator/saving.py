@@ -1,13 +1,16 @@
-"""Checkpoints of the last completed iteration: ``save`` during the run, ``final_save`` when it stops.
+"""Checkpoints of the last completed iteration: ``save`` during the run, ``final_save`` when it stops; ``end_run``:
+what a run closes as it ends.
 
 A checkpoint is written from the iteration's ready states (``Ready``: no learner needed, it may be busy
 or dead), after the metrics rows it covers; a failure to save ends the run naming the newest intact
-checkpoint.
+checkpoint. A failure while closing never hides the one that ended the run.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 
 from raysim.actors import describe
 from raysim.checkpoint import Checkpoint, CheckpointError
@@ -82,3 +85,21 @@ def newest_intact(session: Session) -> str:
     except CheckpointError:
         return "there is no intact checkpoint"
     return f"the newest intact checkpoint is {session.storage.path(checkpoint.rel)}"
+
+
+def end_run(steps: list[tuple[str, Callable[[], object]]], failure: BaseException | None) -> None:
+    """Run every closing step of an ending run (``(what it does, step)``), each even when one before it failed.
+    While ``failure`` (what ended the run) propagates, a step's failure is said in one line and the run still ends
+    with ``failure``'s own message; with none, a step's failure ends it (``RunFailed``: everything was saved)."""
+    problems = []
+    for what, step in steps:
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001 - every step runs; what failed is said below
+            problems.append((what, error))
+    if not problems:
+        return
+    said = "; ".join(f"{what} failed: {describe(error)}" for what, error in problems)
+    if failure is None:
+        raise RunFailed(f"the run ended, then {said}") from problems[0][1]
+    print(f"raysim: while the run ended, {said}", file=sys.stderr, flush=True)

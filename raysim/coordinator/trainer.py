@@ -28,7 +28,7 @@ from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, Checkpoints, meta_json
 from raysim.config import Config, check_config, to_dict
 from raysim.coordinator.claim import RunClaim
-from raysim.coordinator.cluster import start_backend
+from raysim.coordinator.cluster import start_backend, stop_ray
 from raysim.coordinator.collector import Collected, Collector
 from raysim.coordinator.faults import on_phase
 from raysim.coordinator.memory import memory_need
@@ -37,7 +37,7 @@ from raysim.coordinator.pretrained import read_pretrained
 from raysim.coordinator.recovery import ResumePoint, restart_learner, restore, resume_point
 from raysim.coordinator.roles import create_roles
 from raysim.coordinator.run_state import RunState
-from raysim.coordinator.saving import RunFailed, final_save, save
+from raysim.coordinator.saving import RunFailed, end_run, final_save, save
 from raysim.coordinator.schedule import Schedule, planned_iterations
 from raysim.coordinator.session import Ready, Session, end_roles
 from raysim.coordinator.signals import StopRequested, StopSignals
@@ -83,6 +83,23 @@ def read_demonstrations(config: Config, spaces: tuple, canonical_env: dict[str, 
                 flush=True,
             )
     return demonstrations
+
+
+def closing(
+    session: Session | None, claim: RunClaim, discard: bool, started_ray: bool
+) -> list[tuple[str, Callable[[], object]]]:
+    """What an ending run closes, in order (``end_run``): the sinks and roles (also when training failed: the
+    console line ends, files are closed), a new run that failed before its first iteration (nothing in it can
+    be used: ``discard``), the run's lock, a Ray this run started."""
+    steps: list[tuple[str, Callable[[], object]]] = []
+    if session is not None:
+        steps += [("closing the metrics sinks", session.sinks.close), ("ending roles", session.release)]
+    if discard:
+        steps.append(("removing the new run", claim.discard))
+    steps += [("giving back the run's lock", claim.release), ("dropping local copies", claim.storage.close)]
+    if started_ray:
+        steps.append(("stopping Ray", stop_ray))
+    return steps
 
 
 class Trainer:
@@ -166,6 +183,7 @@ class Trainer:
         t0 = time.perf_counter()
         self.announce()
         claim, started_ray, discard = RunClaim(self.storage, self.run_dir, self.break_lock), False, False
+        failure: BaseException | None = None
         try:
             if self.resume:  # a second process on the run is refused before Ray starts
                 claim.take()
@@ -186,21 +204,12 @@ class Trainer:
                         0, 0, 0.0, time.perf_counter() - t0, str(self.run_dir), interrupted=True, stopped_by=stop.name
                     )
                 return self._run(self.session, time.perf_counter() - t0)
-        except Exception:
-            discard = self.session is None or self.session.ready.state.iteration == 0
+        except BaseException as error:
+            failure = error
+            discard = isinstance(error, Exception) and (self.session is None or self.session.ready.state.iteration == 0)
             raise
         finally:
-            if self.session is not None:  # also when training failed: the console line ends, files are closed
-                self.session.sinks.close()
-                self.session.release()
-            if discard:  # a new run failed before its first iteration: nothing in it can be used
-                claim.discard()
-            claim.release()
-            self.storage.close()
-            if started_ray:
-                import ray
-
-                ray.shutdown()
+            end_run(closing(self.session, claim, discard, started_ray), failure)
 
     def announce(self) -> None:
         """Say (once) where the run goes when its default name was taken (the CLI does it in its first line)."""

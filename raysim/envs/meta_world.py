@@ -40,6 +40,7 @@ is in, clipped into [-1, 1] (what the env receives, and what a dataset of the ex
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import pickle
@@ -94,10 +95,20 @@ def task_list(benchmark: str | None, tasks: str | Sequence[str] | None) -> list[
         raise ValueError(f"{ENV_ID}: name the tasks (tasks: [reach-v3, push-v3]) or a benchmark (MT10, MT50)")
     unknown = [n for n in names if n not in ALL_V3_ENVIRONMENTS]
     if unknown:
-        raise ValueError(f"{ENV_ID}: unknown tasks {unknown}; Meta-World's v3 tasks: {sorted(ALL_V3_ENVIRONMENTS)}")
+        raise ValueError(f"{ENV_ID}: {unknown_tasks(unknown, sorted(ALL_V3_ENVIRONMENTS))}")
     if len(set(names)) != len(names):
         raise ValueError(f"{ENV_ID}: tasks must be distinct, got {names}")
     return names
+
+
+def unknown_tasks(unknown: list[str], valid: list[str]) -> str:
+    """Which task names are not Meta-World's, each with the closest one; all of them when one has none close."""
+    close = [difflib.get_close_matches(str(name), valid, n=1) for name in unknown]
+    if not all(close):
+        return f"unknown tasks {unknown}; Meta-World's v3 tasks: {valid}"
+    if len(unknown) == 1:
+        return f"unknown task {unknown[0]!r}; did you mean {close[0][0]!r}?"
+    return "unknown tasks " + ", ".join(f"{n!r} (did you mean {c[0]!r}?)" for n, c in zip(unknown, close, strict=True))
 
 
 @functools.cache

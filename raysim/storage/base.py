@@ -7,7 +7,9 @@ in place and the marker, written last, is what makes them complete.
 
 Every change to the run (a write, a removal, a rename, a staged directory's commit) is fenced by the run's
 lock once this process took it through the storage (``fence``): it is refused (``LeaseLostError``, nothing
-changed) when another process took the run over or this one gave it back.
+changed) when another process took the run over or this one gave it back. A writer that needs a local path
+writes through ``writing_dir``: on a local filesystem into the run itself, the fence held until it is done; elsewhere
+into a local folder whose files are then written to the run, each fenced. The metrics sinks' writes: ``raysim.metrics``.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class LocalStorage(RunStorage):
         target = self.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        with self.fenced():
+        with self.fenced(), naming(target):
             try:
                 with open(tmp, "wb") as handle:
                     handle.write(data)
@@ -48,7 +48,7 @@ class LocalStorage(RunStorage):
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         target = self.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        with self.fenced():
+        with self.fenced(), naming(target):
             try:
                 fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
@@ -97,10 +97,11 @@ class LocalStorage(RunStorage):
 
     @contextmanager
     def writing_dir(self, rel: str) -> Iterator[Path]:
+        """``rel`` itself, fenced while the body writes there (a take-over waits for it to end)."""
         folder = self.root / rel
         with self.fenced():
             folder.mkdir(parents=True, exist_ok=True)
-        yield folder
+            yield folder
 
 
 class LocalStaging(Staging):
@@ -108,13 +109,14 @@ class LocalStaging(Staging):
 
     def __init__(self, storage: LocalStorage, final: Path):
         self.storage, self.final = storage, final
-        final.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = final.with_name(f"{self.PREFIX}{final.name}-{os.getpid()}")
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self.tmp.mkdir()
+        with naming(final):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir()
 
     def write(self, name: str, data: bytes) -> None:
-        with open(self.tmp / name, "wb") as handle:
+        with naming(self.final / name), open(self.tmp / name, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -127,6 +129,18 @@ class LocalStaging(Staging):
 
     def abandon(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` of the body names ``path``, the file being written: a full disk's error names no file, and a
+    temporary file's name is not one the user knows."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
 
 
 def fsync_dir(path: Path) -> None:

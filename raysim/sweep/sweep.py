@@ -229,7 +229,8 @@ def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
     keep_paused_trials_alive()  # synchronous PBT: a trial paused while saving is not ended early
     # each report hands Tune a checkpoint, and Tune then saves its experiment state (what a resume needs)
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    started = connect(largest(trials), address, extra_cpus=TRIAL_CPUS)  # an embedded Ray: room for the largest trial
+    # an embedded Ray: room for the largest trial; Ray's messages on the console (Tune's among them)
+    started = connect(largest(trials), address, extra_cpus=TRIAL_CPUS, keep_messages=False)
     try:
         refuse_unfittable(trials, ray)
         storage = open_storage(sweep.experiment)
