@@ -18,7 +18,7 @@ from raysim.checkpoint import locate_checkpoint
 from raysim.cli import main
 from raysim.config import ConfigError, to_dict
 from raysim.coordinator.snapshot import resume_refusal
-from raysim.models import Actor, ActorCritic, ModelConfig
+from raysim.models import ActionSampling, Actor, ActorCritic, ModelConfig
 from raysim.models.pretrained import load_pretrained
 from raysim.rollout import EnvShard
 from raysim.rollout.inference import inference
@@ -123,7 +123,7 @@ def test_behaviour_cloning_distillation_and_a_teachers_labels_read_the_mean():
         "model": to_dict(ModelConfig(log_std="state")),
         "inputs": {"policy": "policy"},
     }
-    teacher = Teacher({**weights, "actor": model.actor.state_dict()}, SPACES, ACTIONS)
+    teacher = Teacher({**weights, "actor": model.actor.state_dict()}, SPACES, ActionSampling(ACTIONS, "clip"))
     assert teacher.width == 3 and torch.equal(teacher.label(obs), mean)
 
 
