@@ -35,6 +35,7 @@ ROOT = "checkpoints"
 MANIFEST, STATE, META, SCORE = "manifest.json", "state.pt", "meta.json", "score.json"
 FORMAT = 2  # meta.json's "checkpoint_format": 2 and later have a manifest
 ABANDONED = "abandoned"  # checkpoints/abandoned/<time>-<name>: checkpoints of abandoned timelines (local runs)
+REPLAY = "replay"  # checkpoints/replay/<rank>/<timeline>-<first>-<last>.pt: segments of the replay buffers
 KEEP_ABANDONED = 2  # the retirements whose checkpoints prune keeps under abandoned/ (checkpoint.keep_abandoned)
 _NAME = re.compile(r"^(\d+)(?:\.(\d+))?$")
 _RETIRED = re.compile(r"^(\d{8}T\d{6}Z(?:\.\d+)?)-\d+(?:\.\d+)?$")  # <time>[.<n>]-<checkpoint name>
@@ -116,10 +117,13 @@ class Checkpoints:
         state: dict[str, Any],
         meta: dict[str, Any],
         before_marker: Callable[[], None] | None = None,
+        replay: list[list[dict[str, Any]]] | None = None,
     ) -> Checkpoint:
         """Write checkpoint ``iteration``: its files, then the manifest; an earlier save of it stays until then.
 
         ``before_marker`` runs when the files are written and the marker is not (tests inject faults there).
+        ``replay``: per learner rank, the segments of its replay buffer this checkpoint needs (written before, under
+        ``checkpoints/replay/``: ``{"file", "sha256", "bytes", "first", "last"}``), listed in the manifest.
         """
         taken = [c.attempt for c in self.list() if c.iteration == iteration]
         attempt = max(taken) + 1 if taken else 0
@@ -129,6 +133,8 @@ class Checkpoints:
         meta = {**meta, "iteration": iteration, "checkpoint_format": FORMAT, "versions": package_versions()}
         files = {STATE: buffer.getvalue(), META: meta_json(meta)}
         manifest = {"format": FORMAT, "files": {n: {"sha256": sha256(d), "bytes": len(d)} for n, d in files.items()}}
+        if replay:
+            manifest["replay"] = replay
         staging = self.storage.staging(checkpoint.rel)
         try:
             for name, data in files.items():
@@ -174,6 +180,38 @@ class Checkpoints:
             return checkpoint, state, meta
         raise NoIntactCheckpoint(f"no intact checkpoint in {self.storage.path(ROOT)}: " + "; ".join(errors))
 
+    def replay_listing(self, checkpoint: Checkpoint) -> list[list[dict[str, Any]]]:
+        """The replay segments ``checkpoint`` lists, per learner rank ([] for a checkpoint without any)."""
+        try:
+            return json.loads(self.storage.read(f"{checkpoint.rel}/{MANIFEST}")).get("replay") or []
+        except (OSError, ValueError, AttributeError):
+            return []
+
+    def read_segments(self, listing: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        """The segments of ``listing`` per rank, read and verified against their hashes: ``{"first", "transitions"}``
+        each (``CheckpointError`` naming a missing or damaged file)."""
+        ranks = []
+        for entries in listing:
+            segments = []
+            for entry in entries:
+                path = self.storage.path(entry["file"])
+                try:
+                    data = self.storage.read(entry["file"])
+                except OSError as error:
+                    raise CheckpointError(f"replay segment {path} is missing") from error
+                if len(data) != entry["bytes"] or sha256(data) != entry["sha256"]:
+                    raise CheckpointError(
+                        f"replay segment {path} is damaged: its content does not match the hash recorded when it "
+                        "was saved"
+                    )
+                try:
+                    transitions = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                except Exception as error:  # noqa: BLE001 - named with its file
+                    raise CheckpointError(f"replay segment {path} cannot be loaded: {error}") from error
+                segments.append({"first": int(entry["first"]), "transitions": transitions})
+            ranks.append(segments)
+        return ranks
+
     def record_score(self, checkpoint: Checkpoint, mean_return: float | None) -> None:
         """An evaluation of exactly this checkpoint's weights (what ``prune`` keeps the best of)."""
         if mean_return is not None:
@@ -214,6 +252,27 @@ class Checkpoints:
         for name in aside:
             if retirement(name) in dropped:
                 self.storage.remove(f"{ROOT}/{ABANDONED}/{name}")
+        self._prune_segments()
+
+    def _prune_segments(self) -> None:
+        """Remove the replay segments no checkpoint lists any more (kept, best-scored and abandoned ones count)."""
+        ranks = self.storage.list(f"{ROOT}/{REPLAY}")
+        if not ranks:
+            return
+        kept = [c.rel for c in self.list()]
+        kept += [f"{ROOT}/{ABANDONED}/{name}" for name in self.storage.list(f"{ROOT}/{ABANDONED}")]
+        listed = set()
+        for rel in kept:
+            try:
+                manifest = json.loads(self.storage.read(f"{rel}/{MANIFEST}"))
+            except (OSError, ValueError):
+                continue
+            listed.update(entry["file"] for entries in manifest.get("replay") or [] for entry in entries)
+        for rank in ranks:
+            for name in self.storage.list(f"{ROOT}/{REPLAY}/{rank}"):
+                rel = f"{ROOT}/{REPLAY}/{rank}/{name}"
+                if rel not in listed:
+                    self.storage.remove(rel)
 
     def retire_after(self, iteration: int) -> list[Checkpoint]:
         """Retire every checkpoint of an iteration after ``iteration``, from which the run continues."""

@@ -169,6 +169,18 @@ class CheckpointConfig:
 
 
 @dataclass
+class ReplayConfig:
+    """The replay buffer of an off-policy algorithm (``algo.name: sac``), on each learner rank."""
+
+    capacity: int = setting(1_000_000, help="transitions each learner rank keeps (first in, first out)", low=1)
+    save: bool = setting(
+        True,
+        help="save the buffer's transitions beside the checkpoints, so a resume continues exactly (false: a resume "
+        "refills it)",
+    )
+
+
+@dataclass
 class EvalConfig:
     """Evaluation: balanced episodes over dedicated evaluation shards."""
 
@@ -216,6 +228,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)  # read by off-policy algorithms only
     run_dir: str | None = setting(None, help="where the run is written (default: runs/<name>)")
     backend: str = setting(
         "ray", help="ray, or local: every role in this process (tests, debugging)", choices=("ray", "local")
@@ -470,7 +483,7 @@ def from_dict(cls: type, data: Any, where: str, prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     values = {}
-    if cls is Config:  # the algo section's class depends on algo.name; a critic-free algorithm's model has none
+    if cls is Config:  # the algo section's class depends on algo.name, and so do some model defaults
         algo = data.get("algo") or {}
         name = algo.get("name", "ppo") if isinstance(algo, dict) else "ppo"
         try:
@@ -479,8 +492,8 @@ def from_dict(cls: type, data: Any, where: str, prefix: str = "") -> Any:
             raise ConfigError(f"{where}: {error}") from error
         hints = {**hints, "algo": algorithm.Config}
         model = data.get("model") or {}
-        if not algorithm.uses_critic and isinstance(model, dict) and "critic" not in model:
-            data = {**data, "model": {**model, "critic": False}}
+        if isinstance(model, dict):
+            data = {**data, "model": {**algorithm.model_defaults(), **model}}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in fields:

@@ -16,8 +16,9 @@ from raysim.algos.distill import Distill, DistillConfig
 from raysim.algos.grpo import GRPO, GRPOConfig
 from raysim.algos.optimizer import OptimizerConfig, missing_settings
 from raysim.algos.ppo import PPO, PPOConfig
+from raysim.algos.sac import SAC, SACConfig
 
-_REGISTRY: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO, "bc": BC, "distill": Distill}
+_REGISTRY: dict[str, type[Algorithm]] = {"ppo": PPO, "grpo": GRPO, "bc": BC, "distill": Distill, "sac": SAC}
 
 
 def register(algorithm: type[Algorithm]) -> None:
@@ -59,6 +60,8 @@ __all__ = [
     "GRPOConfig",
     "OptimizerConfig",
     "PPOConfig",
+    "SAC",
+    "SACConfig",
     "algorithm_class",
     "register",
 ]

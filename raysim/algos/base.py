@@ -36,6 +36,7 @@ class Algorithm:
     name: ClassVar[str]
     Config: ClassVar[type]  # the dataclass of its ``algo`` config section: an ``OptimizerConfig``
     uses_critic: ClassVar[bool] = True  # False: the learner builds no critic by default and runs no value inference
+    off_policy: ClassVar[bool] = False  # True: it learns from a replay buffer (``use_replay``), stale chunks too
     trains_recurrent: ClassVar[bool] = False  # True: it trains a recurrent model (model.recurrent) on sequences
     loss_terms: ClassVar[tuple[str, ...]]  # the metrics whose non-finiteness the optimizer step's guard names
 
@@ -47,6 +48,11 @@ class Algorithm:
         self.config, self.model, self.ranks = config, model, ranks
         self.version = 0  # the policy version of the model's weights: the learner sets it before each update
         self.env_steps = 0  # the env steps consumed before this update: the learner sets it before each update
+
+    @classmethod
+    def model_defaults(cls) -> dict[str, Any]:
+        """``model.*`` settings this algorithm changes the default of (a critic-free one: ``critic: false``)."""
+        return {} if cls.uses_critic else {"critic": False}
 
     @classmethod
     def collection(cls, config: Any) -> Collection | None:
@@ -71,6 +77,18 @@ class Algorithm:
         from a dataset override it."""
         raise ValueError(f"algo {self.name!r} does not train on a dataset of demonstrations")
 
+    def use_replay(self, replay: Any) -> None:
+        """The learner's replay buffer (``raysim.algos.replay.ReplayBuffer``), for an ``off_policy`` algorithm."""
+        raise ValueError(f"algo {self.name!r} does not learn from a replay buffer")
+
+    def appended(self) -> Any:
+        """What the last update appended to the replay buffer (the coordinator saves it beside the checkpoints);
+        None for an algorithm without one."""
+        return None
+
+    def restore(self, segments: list[Any]) -> None:
+        """Refill the replay buffer from the saved ``(first index, transitions)`` segments, in order."""
+
     def freezes_normalizer(self) -> bool:
         """Whether this update leaves the observation statistics as they are (a fine-tuning warm-up)."""
         return False
@@ -78,6 +96,11 @@ class Algorithm:
     @classmethod
     def check(cls, config: Any, num_envs: int) -> None:
         """Refuse settings that cannot work together (``ValueError`` naming the ``algo.*`` key)."""
+
+    @classmethod
+    def check_model(cls, config: Any, model: Any, observation_spaces: dict[str, Any], action_space: Any) -> None:
+        """Refuse a model (``ModelConfig``) or env spaces this algorithm cannot train (``ValueError`` naming the
+        ``model.*`` key), before anything starts."""
 
     def batch(self, chunks: list[RolloutChunk]) -> Batch:
         """Every valid transition of the chunks with what the loss needs (``obs``, ``actions``, ``logprobs``,

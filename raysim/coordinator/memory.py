@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from raysim.algos import algorithm_class
+from raysim.algos.replay import transition_bytes
 from raysim.config import Config
 from raysim.envs.spaces import group_dtype
+from raysim.models.inputs import critic_groups
 
 #: Per row and step besides observations and actions: log-probability and reward (float32), terminated,
 #: truncated and mask (bool).
@@ -34,6 +36,8 @@ class MemoryNeed:
     steps: int
     rows: int
     again: bool  # the learner holds the chunks again (on Ray)
+    replay: float = 0.0  # an off-policy learner rank's replay buffer
+    capacity: int = 0  # its transitions (``replay.capacity``)
 
     def problem(self, have: float | None, largest_node: float | None, where: str) -> str | None:
         """Why the run cannot fit in ``have`` bytes (its largest role in ``largest_node``); None when it may."""
@@ -46,6 +50,11 @@ class MemoryNeed:
             )
         else:
             return None
+        if self.replay > self.chunk:
+            return (
+                f"{said}: a learner rank's replay buffer of replay.capacity={self.capacity:,} transitions takes "
+                f"{gb(self.replay)}; lower replay.capacity"
+            )
         held = ", held by the shard and again by the learner" if self.again else ""
         return (
             f"{said}: a shard's chunk of algo.num_steps={self.steps} x env.num_envs={self.rows:,} rows takes "
@@ -65,9 +74,23 @@ def memory_need(config: Config, spaces: tuple[dict[str, Any], Any]) -> MemoryNee
     rows = config.env.num_envs
     chunk = float(rows * ((steps + 1) * obs + steps * (act + STEP_BYTES)))
     shards, on_ray = config.shards.count, config.backend != "local"
-    per_rank = math.ceil(shards / config.learner.ranks) * chunk
-    together = shards * chunk + (config.learner.ranks * per_rank if on_ray else 0.0)
-    return MemoryNeed(together, per_rank if on_ray else together, chunk, steps, rows, on_ray)
+    ranks = config.learner.ranks
+    per_rank = math.ceil(shards / ranks) * chunk
+    replay = replay_bytes(config, observations, action)
+    together = shards * chunk + (ranks * per_rank if on_ray else 0.0) + ranks * replay
+    largest = per_rank + replay if on_ray else together
+    return MemoryNeed(together, largest, chunk, steps, rows, on_ray, replay, config.replay.capacity)
+
+
+def replay_bytes(config: Config, observations: dict[str, Any], action: Any) -> float:
+    """The bytes of one learner rank's replay buffer (an off-policy algorithm's; 0 otherwise): ``replay.capacity``
+    transitions of the groups its networks read (``transition_bytes``)."""
+    if not algorithm_class(config.algo.name).off_policy:
+        return 0.0
+    model = config.model
+    groups = dict.fromkeys([*model.actor_inputs, *critic_groups(observations, model.critic_inputs, model.actor_inputs)])
+    shapes = {g: (observations[g].shape, group_dtype(observations[g])) for g in groups if g in observations}
+    return float(config.replay.capacity * transition_bytes(shapes, action.shape or (1,)))
 
 
 def machine_memory() -> float | None:

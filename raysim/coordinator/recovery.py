@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.actors import Backend
+from raysim.algos import algorithm_class
 from raysim.checkpoint import ABANDONED, ROOT, Checkpoint, CheckpointError, Checkpoints, NoIntactCheckpoint
 from raysim.config import Config, ConfigError, load_resume_config, to_dict
 from raysim.coordinator.roles import Roles, create_learner
@@ -172,6 +173,8 @@ def restart_learner(session: Session, error: Exception) -> None:
             rewind(s, Ready(RunState()))
         else:
             how = load_roles(s.backend, roles, state)
+            if algorithm_class(cfg.algo.name).off_policy:  # the transitions up to that iteration, in order
+                roles.learner.restore_replay(s.replay.segments(s.checkpoints, s.backend))
             print(f"{died}; restarted it from {source}; shards continue {how}", flush=True)
     s.collector.reset()  # chunks in flight acted for the lost learner's future: collected anew
     s.weights = roles.learner.get_weights()
@@ -196,6 +199,7 @@ def surviving_state(session: Session) -> tuple[str, dict[str, Any] | None]:
 def rewind(session: Session, ready: Ready) -> None:
     """Continue from an earlier iteration: checkpoints, sinks and evaluation records drop what came after it."""
     session.ready, state = ready, ready.state
+    session.replay.rewound(session.checkpoints.replay_listing(ready.saved) if ready.saved else [])
     if state.iteration < session.first.iteration:
         session.first = state
     abandon_after(session.checkpoints, state.iteration)

@@ -141,6 +141,7 @@ def create_learner(
         horizon=horizon,
         seed=config.seed,
         device=config.learner.device,
+        replay_capacity=config.replay.capacity,
         start_timeout=config.resources_timeout,
         options={
             "num_cpus": config.learner.num_cpus,

@@ -33,12 +33,17 @@ def save(session: Session, final: bool = False) -> Checkpoint:
     session.sinks.flush()  # the metrics rows the checkpoint covers are written first
     iteration = ready.state.iteration
     phase = "final_save" if final else "save"
+    replay = session.config.replay
+    listing = session.replay.write(session.storage, session.backend, replay.capacity) if replay.save else None
     ready.saved = session.checkpoints.save(
         iteration,
         learner_state,
         {**ready.state.meta(), **session.meta},
         before_marker=lambda: on_phase(phase, iteration, session),
+        replay=listing,
     )
+    if listing is not None:
+        session.replay.saved(listing)
     session.checkpoints.prune(session.config.checkpoint.keep_last, session.config.checkpoint.keep_abandoned)
     session.last_save = time.monotonic()
     return ready.saved

@@ -18,6 +18,7 @@ from raysim.checkpoint import Checkpoint, Checkpoints
 from raysim.config import Config
 from raysim.coordinator.collector import Collector
 from raysim.coordinator.phases import PhaseClock
+from raysim.coordinator.replay import ReplayLog
 from raysim.coordinator.roles import Roles
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.signals import StopSignals
@@ -100,6 +101,7 @@ class Session:
     reporter_stop: bool = False  # the reporter asked the run to end
     last_save: float = field(default_factory=time.monotonic)  # when the last checkpoint was written
     learner_restarts: int = 0  # learners lost and started again (at most ``learner.max_restarts``)
+    replay: ReplayLog = field(default_factory=ReplayLog)  # an off-policy learner's transitions: listed, pending
 
     @property
     def storage(self) -> RunStorage:

@@ -35,6 +35,7 @@ from raysim.coordinator.memory import memory_need
 from raysim.coordinator.preflight import check_env_and_model, check_renders, check_run_dir, check_weights_fit
 from raysim.coordinator.pretrained import read_pretrained
 from raysim.coordinator.recovery import ResumePoint, restart_learner, restore, resume_point
+from raysim.coordinator.replay import ReplayLog, refill
 from raysim.coordinator.roles import create_roles
 from raysim.coordinator.run_state import RunState
 from raysim.coordinator.saving import RunFailed, end_run, final_save, save
@@ -233,13 +234,17 @@ class Trainer:
                 save_teacher(self.storage, self.teacher)
             collector.reset()
             collector.generation = ready.state.shards_started  # a new shard plays episodes none before it played
+            replay = ReplayLog()
+            if self.algorithm.off_policy:  # a resumed run's buffers, refilled from the segments its checkpoint lists
+                replay = refill(self.checkpoints, ready.saved, cfg.replay.save, roles.learner)
             sinks = self._sinks(ready.state)
             weights = roles.learner.get_weights()
         except BaseException:
             end_roles(backend, roles)
             raise
         run = (cfg, self.run_dir, self.checkpoints, self.meta, self.schedule.horizon)  # what the session trains
-        return Session(*run, backend, roles, collector, signals, sinks, ready, first=ready.state, weights=weights)
+        ready_state = (ready, ready.state, weights)
+        return Session(*run, backend, roles, collector, signals, sinks, *ready_state, replay=replay)
 
     def _sinks(self, state: RunState) -> SinkSet:
         if self.sinks is not None:
@@ -368,6 +373,8 @@ class Trainer:
             self._log(s, state, result)
             state = state.logged()
         s.ready = Ready(state, roles.learner.snapshots, list(s.collector.states))  # iteration complete
+        if self.algorithm.off_policy:
+            s.replay.completed(roles.learner.appended)  # saved with the next checkpoint
         if report is not None or (self._save_due(s) and self.stop_reason(s, state) is None):
             with clock.phase("time_checkpoint"), s.signals.deferred():  # an evaluated iteration is saved
                 checkpoint = save(s)

@@ -33,6 +33,7 @@ class LearnerGroup:
             raise ValueError("learner.ranks > 1 needs the Ray backend (each rank is its own process)")
         self.backend = backend
         self.snapshots: list[Any] = []  # the last update's snapshot of every rank (futures / object refs)
+        self.appended: list[Any] = []  # what the last update appended to every rank's replay buffer (futures)
 
         def rank(r: int) -> Handle:
             return backend.create(Learner, rank=r, world_size=ranks, options=options, **learner)
@@ -69,18 +70,19 @@ class LearnerGroup:
                 num_stale=len(stale_chunks[r]),
                 log=log,
                 env_steps=env_steps,
-                returns=2,
+                returns=3,
             )
             for r, h in enumerate(self.handles)
         ]
         try:
-            results = self.backend.get([result for result, _ in calls])
+            results = self.backend.get([call[0] for call in calls])
         except Exception:  # an error agreed on reaches every rank at once: all are taken here, none logged later
             futures = [future for call in calls for future in call]
             self.backend.wait(futures, len(futures), timeout=1.0)
             self.backend.discard(futures)
             raise
-        self.snapshots = [snapshot for _, snapshot in calls]
+        self.snapshots = [call[1] for call in calls]
+        self.appended = [call[2] for call in calls]
         summed = {k: sum(r[k] for r in results) for k in ("env_steps", "stale_steps")}
         return {**results[0], **summed}
 
@@ -98,6 +100,10 @@ class LearnerGroup:
     def get_weights(self) -> Any:
         """Rank 0's versioned actor weights (a future / object ref; every rank holds the same)."""
         return self.handles[0].call(Learner.get_weights)
+
+    def restore_replay(self, segments: list[list[Any]]) -> None:
+        """Every rank refills its replay buffer from its own saved segments (``segments[r]``, in order)."""
+        self.backend.get([h.call(Learner.restore_replay, segments[r]) for r, h in enumerate(self.handles)])
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Every rank restores ``state`` (moved to the cluster once); a failure on any rank is raised by all."""

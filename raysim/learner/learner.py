@@ -23,6 +23,7 @@ import torch
 from raysim.algos import algorithm_class
 from raysim.algos.guard import GuardedStep
 from raysim.algos.optimizer import OptimizerConfig
+from raysim.algos.replay import ReplayBuffer, size_of
 from raysim.learner.inputs import read_chunks
 from raysim.learner.ranks import RankGroup
 from raysim.learner.window import (
@@ -63,6 +64,7 @@ class Learner:
         world_size: int = 1,
         pretrained: dict[str, torch.Tensor] | None = None,
         demonstrations: Any = None,
+        replay_capacity: int = 0,
     ):
         self.device = resolve_device(device)
         self.ranks = RankGroup(rank, world_size, self.device)
@@ -71,7 +73,11 @@ class Learner:
             self.model = ActorCritic(observation_spaces, action_space, model).to(self.device)
         if pretrained is not None:  # before the algorithm, which may copy the actor (a KL reference)
             load_pretrained(self.model, pretrained, model.init_log_std)
-        self.algorithm = algorithm_class(algo.name)(algo, self.model, self.ranks)
+        with torch.random.fork_rng(devices=[]):  # an algorithm's own networks (SAC's critics): the same on every rank
+            torch.manual_seed(derive_seed(seed, 3, 1))
+            self.algorithm = algorithm_class(algo.name)(algo, self.model, self.ranks)
+        if self.algorithm.off_policy:
+            self.algorithm.use_replay(ReplayBuffer(replay_capacity))
         if demonstrations is not None:
             self.algorithm.attach(demonstrations)
         # fused: one kernel for every parameter's update (CPU and CUDA), a quarter of the for-loop Adam's time
@@ -143,11 +149,27 @@ class Learner:
 
     def update_and_snapshot(
         self, chunks: list[Any], num_stale: int = 0, log: bool = True, env_steps: int = 0
-    ) -> tuple[dict[str, float], dict[str, Any]]:
-        """``update`` and then ``snapshot``: the coordinator receives both as separate objects. ``chunks``: refs
-        in a list, read here (a chunk lost with its node: ``ChunksLost`` on every rank, see ``read_chunks``)."""
+    ) -> tuple[dict[str, float], dict[str, Any], Any]:
+        """``update``, then ``snapshot`` and what the update appended to the replay buffer (``appended``): the
+        coordinator receives the three as separate objects. ``chunks``: refs in a list, read here (a chunk lost with
+        its node: ``ChunksLost`` on every rank, see ``read_chunks``)."""
         result = self.update(*read_chunks(self.ranks, chunks), num_stale=num_stale, log=log, env_steps=env_steps)
-        return result, self.snapshot()
+        return result, self.snapshot(), self.appended()
+
+    def appended(self) -> Any:
+        """The transitions the last update appended to this rank's replay buffer, with the index of the first
+        (``{"first": i, "transitions": ...}``, an ``ArrayDict``): a segment the coordinator saves; None without a
+        replay buffer or new transitions."""
+        new = self.algorithm.appended()
+        if new is None:
+            return None
+        first = self.algorithm.replay.added - size_of(new)
+        return ArrayDict({"first": first, "transitions": cpu_copy(new)})
+
+    def restore_replay(self, segments: list[dict[str, Any]]) -> int:
+        """Refill this rank's replay buffer from saved segments (``appended``'s), in order; returns its size."""
+        self.algorithm.restore([(int(s["first"]), s["transitions"]) for s in segments])
+        return self.algorithm.replay.size if self.algorithm.off_policy else 0
 
     def load_state(self, state: dict[str, Any]) -> int:
         """Restore a checkpoint's learner state on every rank (errors agreed on); returns the policy version.
@@ -195,7 +217,7 @@ class Learner:
         last log step; with ``log`` (or a later ``metrics()`` call) they are reduced across ranks
         and copied to the host once (see ``metrics``).
         """
-        trained = chunks[: len(chunks) - num_stale]
+        trained = chunks if self.algorithm.off_policy else chunks[: len(chunks) - num_stale]  # off-policy: any age
         chunks_here = [to_device(c, self.device) for c in trained]
         lr = self.learning_rate(env_steps)
         for group in self.optimizer.param_groups:

@@ -392,6 +392,8 @@ class ActorCritic(nn.Module):
 
     def __init__(self, observation_spaces: dict[str, gym.Space], action_space: gym.Space, config: ModelConfig):
         super().__init__()
+        # what it was built from (an algorithm's own networks read it: SAC's critics)
+        self.observation_spaces, self.action_space, self.config = observation_spaces, action_space, config
         self.actor = Actor(observation_spaces, action_space, config)
         shared = self.actor.encoders if config.shared_encoders else None
         self.critic = Critic(observation_spaces, config, shared) if config.critic else None

@@ -53,6 +53,26 @@ class ActionSampling:
         out = torch.empty((rows, self.width)) if out is None else out
         return out.exponential_(1, generator=generator) if self.discrete else out.normal_(generator=generator)
 
+    def uniform(
+        self, rows: int, generator: torch.Generator, action: torch.Tensor, logp: torch.Tensor
+    ) -> torch.Tensor:
+        """Actions drawn uniformly in the action space (off-policy warm-up), written into ``action`` as sampled
+        actions are stored (before the env's clip or squash: ``env_action`` of them is the uniform draw) with their
+        log-density into ``logp``: a uniform index for ``Discrete``; for a ``Box`` ``y ~ U(-1, 1)`` per dimension,
+        mapped as the transform maps (``atanh(y)`` for squash, ``low + (y + 1)(high - low) / 2`` for clip)."""
+        if self.discrete:
+            torch.randint(self.width, (rows,), generator=generator, out=action)
+            logp.fill_(-math.log(self.width))
+            return action
+        y = torch.rand((rows, self.width), generator=generator).mul_(2).sub_(1).clamp_(-1 + 1e-6, 1 - 1e-6)
+        if self.squash:
+            action.copy_(torch.atanh(y))  # p(u) = 2^-D prod(1 - y^2)
+            torch.sum(torch.log1p(-y.square()), -1, out=logp).sub_(self.width * math.log(2))
+        else:
+            action.copy_(self.low + (y + 1) * 0.5 * (self.high - self.low))
+            logp.fill_(-float(torch.log(self.high - self.low).sum()))
+        return action
+
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         """The action the env receives for a sampled one (continuous: clipped or squashed)."""
         if self.discrete:

@@ -41,10 +41,13 @@ from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_s
 class FixedSteps:
     """A training chunk of ``num_steps`` steps; the rows' episodes continue across chunks. ``teacher_share``: with
     a teacher on the shard (distillation), each row's action at each step is the teacher's instead of the
-    student's with this probability (DAgger's beta), drawn from the shard's generator."""
+    student's with this probability (DAgger's beta), drawn from the shard's generator. ``random_actions``: every
+    action drawn uniformly in the action space from the shard's generator (an off-policy warm-up,
+    ``ActionSampling.uniform``), the policy not consulted."""
 
     num_steps: int
     teacher_share: float = 0.0
+    random_actions: bool = False
 
     @property
     def steps_per_row(self) -> int:
@@ -185,7 +188,9 @@ class ChunkBuffer:
     ``teacher_share`` of the rows' actions are the teacher's (``FixedSteps``).
     """
 
-    def __init__(self, shard: Acting, obs: Obs, capacity: int, teacher_share: float = 0.0):
+    def __init__(
+        self, shard: Acting, obs: Obs, capacity: int, teacher_share: float = 0.0, random_actions: bool = False
+    ):
         self.shard = shard
         T, N = capacity, shard.env.num_envs
         self.capacity = T
@@ -197,6 +202,8 @@ class ChunkBuffer:
         self.mask = torch.ones(T, N, dtype=torch.bool)
         sampling = shard.sampling  # actions are sampled straight into the buffers
         self.sample = shard.sample_discrete if sampling.discrete else shard.sample_gaussian
+        if random_actions:
+            self.sample = lambda obs, action, logp: sampling.uniform(action.shape[0], shard.generator, action, logp)
         self.actions = torch.empty(T, N, dtype=torch.int64) if sampling.discrete else torch.empty(T, N, sampling.width)
         self.finals: list[tuple[int, Step]] = []
         self.nonfinite = 0
@@ -314,12 +321,13 @@ class ChunkEnding(Ending):
     """``FixedSteps``: ``T`` steps from where the rows are; the episodes run on into the next chunk."""
 
     def __init__(self, shard: Acting, plan: FixedSteps):
-        self.shard, self.steps, self.teacher_share = shard, int(plan.num_steps), plan.teacher_share
+        self.shard, self.steps, self.plan = shard, int(plan.num_steps), plan
         self.checks_each_step = False
         self.start = shard.steps_done
 
     def begin(self) -> Obs:
-        self.chunk = ChunkBuffer(self.shard, self.shard.obs, self.steps, self.teacher_share)
+        plan = self.plan
+        self.chunk = ChunkBuffer(self.shard, self.shard.obs, self.steps, plan.teacher_share, plan.random_actions)
         return self.shard.obs
 
     def running(self, t: int) -> bool:
