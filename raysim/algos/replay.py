@@ -117,7 +117,10 @@ def _allocate(example: Transitions, capacity: int) -> Transitions:
     def like(value: torch.Tensor) -> torch.Tensor:
         return torch.empty((capacity, *value.shape[1:]), dtype=value.dtype)
 
-    return {k: {g: like(v) for g, v in value.items()} if isinstance(value, dict) else like(value) for k, value in example.items()}
+    return {
+        k: {g: like(v) for g, v in value.items()} if isinstance(value, dict) else like(value)
+        for k, value in example.items()
+    }
 
 
 def _write(storage: Transitions, slots: torch.Tensor, transitions: Transitions) -> None:

@@ -65,16 +65,20 @@ class SACConfig:
     )
     critics: int = setting(2, help="Q networks in the ensemble", low=1)
     critic_subset: int = setting(2, help="the target is the minimum over this many critics drawn at random", low=1)
-    actor_q: str = setting("min", help="what the actor maximises: the critics' minimum or mean", choices=("min", "mean"))
+    actor_q: str = setting(
+        "min", help="what the actor maximises: the critics' minimum or mean", choices=("min", "mean")
+    )
     layer_norm: bool = setting(False, help="LayerNorm after every hidden layer of the critics (RLPD)")
     alpha: float = setting(0.2, help="the initial (or, with autotune false, fixed) entropy temperature", low=0)
     autotune: bool = setting(True, help="learn alpha toward target_entropy")
     target_entropy: float | None = setting(None, help="the entropy alpha aims for (null: -dim(A))")
-    demonstrations: str = setting(
-        "", help="RLPD: a dataset of demonstrations (as algo.dataset of bc); '' for none"
+    demonstrations: str = setting("", help="RLPD: a dataset of demonstrations (as algo.dataset of bc); '' for none")
+    demo_fraction: float = setting(
+        0.5, help="RLPD: the share of every batch drawn from the demonstrations", low=0, high=1
     )
-    demo_fraction: float = setting(0.5, help="RLPD: the share of every batch drawn from the demonstrations", low=0, high=1)
-    max_grad_norm: float = setting(1000.0, help="global gradient-norm clip of each network (CleanRL: none)", low=0, open_low=True)
+    max_grad_norm: float = setting(
+        1000.0, help="global gradient-norm clip of each network (CleanRL: none)", low=0, open_low=True
+    )
     max_nonfinite_updates: int = setting(3, help="consecutive skipped gradient steps before training stops", low=1)
     max_policy_lag: int = setting(
         0, help="policy versions a chunk may lag its update (0: lockstep; 1: collect during the updates)", low=0
@@ -88,7 +92,7 @@ def squashed_sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A reparameterised action ``y = tanh(mean + std * eps)`` in [-1, 1] and its log-probability, tanh's
     log-determinant included (CleanRL's ``get_action``, in the unscaled [-1, 1] space)."""
-    mean, log_std = model.actor.mean_std(model.actor(obs))
+    mean, log_std = model.actor.mean_log_std(model.actor(obs))
     std = log_std.exp()
     eps = torch.randn(mean.shape, generator=generator, device=mean.device)
     u = mean + std * eps
@@ -293,10 +297,18 @@ class SAC(Algorithm):
         parts = [self.replay.sample(share - demos, generator)]
         if demos:
             index = torch.randint(size_of(self.demos), (demos,), generator=generator)
-            parts.append({k: ({g: t[index] for g, t in v.items()} if isinstance(v, dict) else v[index]) for k, v in self.demos.items()})
+            parts.append(
+                {
+                    k: ({g: t[index] for g, t in v.items()} if isinstance(v, dict) else v[index])
+                    for k, v in self.demos.items()
+                }
+            )
         batch = concat_transitions(parts)
         device = self.ranks.device
-        return {k: ({g: t.to(device) for g, t in v.items()} if isinstance(v, dict) else v.to(device)) for k, v in batch.items()}
+        return {
+            k: ({g: t.to(device) for g, t in v.items()} if isinstance(v, dict) else v.to(device))
+            for k, v in batch.items()
+        }
 
     def rank_batch(self) -> int:
         """This rank's share of ``batch_size`` (the ranks' gradients are averaged, weighted by their samples)."""

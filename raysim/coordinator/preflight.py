@@ -68,7 +68,9 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
         raise ConfigError(one_line(error)) from error
     try:
         model = ActorCritic(env.observation_spaces, env.action_space, config.model)
-        algorithm_class(config.algo.name).check_model(config.algo, config.model, env.observation_spaces, env.action_space)
+        algorithm_class(config.algo.name).check_model(
+            config.algo, config.model, env.observation_spaces, env.action_space
+        )
     except ValueError as error:
         raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
     finally:

@@ -38,7 +38,9 @@ class QEnsemble(nn.Module):
         self.norms = nn.ParameterList()  # per hidden layer: gain and bias of each critic [critics, 2, width]
         if layer_norm:
             for width in hidden_sizes:
-                self.norms.append(nn.Parameter(torch.stack([torch.ones(critics, width), torch.zeros(critics, width)], 1)))
+                self.norms.append(
+                    nn.Parameter(torch.stack([torch.ones(critics, width), torch.zeros(critics, width)], 1))
+                )
         self.activation = ACTIVATIONS[activation]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -53,9 +53,7 @@ class ActionSampling:
         out = torch.empty((rows, self.width)) if out is None else out
         return out.exponential_(1, generator=generator) if self.discrete else out.normal_(generator=generator)
 
-    def uniform(
-        self, rows: int, generator: torch.Generator, action: torch.Tensor, logp: torch.Tensor
-    ) -> torch.Tensor:
+    def uniform(self, rows: int, generator: torch.Generator, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         """Actions drawn uniformly in the action space (off-policy warm-up), written into ``action`` as sampled
         actions are stored (before the env's clip or squash: ``env_action`` of them is the uniform draw) with their
         log-density into ``logp``: a uniform index for ``Discrete``; for a ``Box`` ``y ~ U(-1, 1)`` per dimension,

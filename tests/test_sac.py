@@ -1,0 +1,128 @@
+"""SAC: its refusals, its warm-up, the replay ratio it keeps, its losses' ingredients, and runs that resume exactly."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import pytest
+import torch
+
+import raysim
+from raysim.algos.sac import squashed_sample
+from raysim.checkpoint import Checkpoints
+from raysim.cli import main
+from raysim.learner.learner import Learner
+from raysim.models import ModelConfig
+from raysim.records import read_metrics
+from raysim.rollout import EnvShard, FixedSteps
+from raysim.storage import LocalStorage, open_storage
+
+# Pendulum (3 observations, 1 action in [-2, 2], 200-step episodes), 1 row x 16 steps an iteration
+TINY = [
+    "algo.name=sac",
+    "env.id=gym:Pendulum-v1",
+    "env.num_envs=1",
+    "algo.num_steps=16",
+    "algo.learning_starts=48",
+    "algo.batch_size=32",
+    "model.hidden_sizes=[32,32]",
+    "model.activation=relu",
+    "train.total_steps=160",
+    "train.log_every=1",
+    "eval.episodes=2",
+    "eval.num_envs=2",
+    "eval.max_steps=50",
+    "train.sinks=[parquet]",
+    "backend=local",
+]
+TIMING = {"time", "steps_per_s", "time_collect", "time_update", "time_eval", "time_checkpoint", "updates_per_s"}
+
+
+def config_of(tmp_path, *overrides):
+    return raysim.load_config(None, [*TINY, f"run_dir={tmp_path}", *overrides])
+
+
+def rows(run_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(open_storage(run_dir))]
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("model.action_transform=clip", "sac needs model.action_transform: squash"),
+        ("model.log_std=parameter", "sac needs model.log_std: state"),
+        ("model.obs_norm=true", "does not take model.obs_norm"),
+        ("model.recurrent=lstm", "does not train recurrent policies"),
+        ("env.id=raysim/CartPole", "continuous (Box) action space"),
+        ("replay.capacity=100000000000", "replay.capacity=100,000,000,000"),
+    ],
+)
+def test_settings_sac_cannot_train_with_are_refused_in_one_line_before_ray_starts(
+    tmp_path, capsys, ray_never_starts, override, said
+):
+    sets = [item for o in [*TINY[:-1], override] for item in ("--set", o)]
+    assert main(["train", *sets, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and said in err[0], err
+    assert not ray_never_starts
+
+
+def test_warm_up_actions_are_uniform_in_the_action_space_and_drawn_from_the_shards_generator():
+    def warm_up(seed):
+        shard = EnvShard("gym:Pendulum-v1", 64, seed=seed, model={"action_transform": "squash", "log_std": "state"})
+        return shard.rollout({"version": 0, "actor": shard.actor.state_dict()}, FixedSteps(4, random_actions=True))
+
+    chunk = warm_up(3)
+    executed = 2.0 * torch.tanh(chunk.actions)  # Pendulum's [-2, 2], as the squash maps the stored action
+    assert executed.abs().max() < 2 and executed.min() < -1.5 and executed.max() > 1.5
+    assert abs(float(executed.mean())) < 0.2 and abs(float(executed.std()) - 4 / math.sqrt(12)) < 0.15  # U(-2, 2)
+    assert torch.equal(chunk.actions, warm_up(3).actions) and not torch.equal(chunk.actions, warm_up(4).actions)
+
+
+def test_the_squashed_samples_log_probability_carries_tanhs_log_determinant(tmp_path):
+    learner = Learner(
+        {"policy": gym.spaces.Box(-1, 1, (3,))},
+        gym.spaces.Box(-1, 1, (2,)),
+        ModelConfig(log_std="state", action_transform="squash", critic=False, hidden_sizes=[8]),
+        config_of(tmp_path).algo,
+        horizon=1,
+        replay_capacity=10,
+    )
+    obs = {"policy": torch.randn(5, 3)}
+    y, log_prob = squashed_sample(learner.model, obs, torch.Generator().manual_seed(0))
+    mean, log_std = learner.model.actor.mean_log_std(learner.model.actor(obs))
+    u = torch.atanh(y)
+    normal = torch.distributions.Normal(mean, log_std.exp()).log_prob(u).sum(-1)
+    assert torch.allclose(log_prob, normal - torch.log(1 - y.square() + 1e-6).sum(-1), atol=1e-4)
+
+
+def test_gradient_steps_follow_updates_per_step_with_the_remainder_carried(tmp_path):
+    config = config_of(tmp_path / "run", "algo.updates_per_step=0.75", "algo.learning_starts=24", "eval.episodes=0")
+    summary = raysim.Trainer(config).train()
+    assert summary.env_steps == 160
+    table = read_metrics(open_storage(tmp_path / "run"))
+    ratios = [r["replay_ratio"] for r in table]
+    # 16 steps an iteration; from 24 on, 0.75 per step: iteration 2 counts 8 steps (6 gradient steps), then 12 each
+    assert (
+        ratios[0] == 0 and ratios[1] == pytest.approx(6 / 16) and all(r == pytest.approx(12 / 16) for r in ratios[2:])
+    )
+    assert table[-1]["buffer_size"] == 160
+
+
+def test_a_lockstep_sac_run_stopped_and_resumed_is_bitwise_the_uninterrupted_one(tmp_path):
+    straight = raysim.Trainer(config_of(tmp_path / "straight", "checkpoint.every=3")).train()
+    stopped = raysim.Trainer(config_of(tmp_path / "resumed", "checkpoint.every=3", "train.stop_after=4")).train()
+    assert stopped.iterations == 4 and stopped.interrupted
+    resumed = raysim.Trainer.from_run_dir(tmp_path / "resumed").train()
+    assert resumed.env_steps == straight.env_steps == 160
+    assert rows(tmp_path / "resumed") == rows(tmp_path / "straight")
+    (_, a, _), (_, b, _) = (
+        Checkpoints(LocalStorage(tmp_path / d)).newest_intact(False) for d in ("resumed", "straight")
+    )
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert all(torch.equal(a["sac"]["qf"][k], b["sac"]["qf"][k]) for k in a["sac"]["qf"])
+    listing = Checkpoints(LocalStorage(tmp_path / "resumed")).replay_listing(
+        Checkpoints(LocalStorage(tmp_path / "resumed")).list()[-1]
+    )
+    assert listing and listing[0][-1]["last"] == 159  # every transition of the run is in a listed segment
