@@ -18,10 +18,10 @@ from raysim.records import read_metrics
 from raysim.rollout import EnvShard, FixedSteps
 from raysim.storage import LocalStorage, open_storage
 
-# Pendulum (3 observations, 1 action in [-2, 2], 200-step episodes), 1 row x 16 steps an iteration
+# the packaged hopper_sac on raysim's native Reach (a joint vector, 2 actions in [-1, 1], 100-step episodes; a native
+# env saves its state: a resume continues its episodes exactly), 1 row x 16 steps an iteration
 TINY = [
-    "algo.name=sac",
-    "env.id=gym:Pendulum-v1",
+    "env.id=raysim/Reach",
     "env.num_envs=1",
     "algo.num_steps=16",
     "algo.learning_starts=48",
@@ -40,7 +40,7 @@ TIMING = {"time", "steps_per_s", "time_collect", "time_update", "time_eval", "ti
 
 
 def config_of(tmp_path, *overrides):
-    return raysim.load_config(None, [*TINY, f"run_dir={tmp_path}", *overrides])
+    return raysim.load_config("hopper_sac", [*TINY, f"run_dir={tmp_path}", *overrides])
 
 
 def rows(run_dir) -> list[dict]:
@@ -62,7 +62,7 @@ def test_settings_sac_cannot_train_with_are_refused_in_one_line_before_ray_start
     tmp_path, capsys, ray_never_starts, override, said
 ):
     sets = [item for o in [*TINY[:-1], override] for item in ("--set", o)]
-    assert main(["train", *sets, "--run-dir", str(tmp_path / "run")]) == 2
+    assert main(["train", "hopper_sac", *sets, "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) <= 2 and said in err[0], err
     assert not ray_never_starts

@@ -67,10 +67,10 @@ def check_env_and_model(config: Config, new_run: bool = True) -> tuple[Any, Any]
         env.close()
         raise ConfigError(one_line(error)) from error
     try:
-        model = ActorCritic(env.observation_spaces, env.action_space, config.model)
-        algorithm_class(config.algo.name).check_model(
+        algorithm_class(config.algo.name).check_model(  # the algorithm's reason first: a model it needs
             config.algo, config.model, env.observation_spaces, env.action_space
         )
+        model = ActorCritic(env.observation_spaces, env.action_space, config.model)
     except ValueError as error:
         raise ConfigError(f"model: {one_line(error)} (env {env_id})") from error
     finally:
