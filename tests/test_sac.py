@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -12,12 +17,15 @@ import raysim
 from raysim.algos.sac import squashed_sample
 from raysim.checkpoint import Checkpoints
 from raysim.cli import main
+from raysim.coordinator import faults
 from raysim.learner.learner import Learner
 from raysim.models import ModelConfig
 from raysim.records import read_metrics
 from raysim.rollout import EnvShard, FixedSteps
 from raysim.storage import LocalStorage, open_storage
+from tests.support.faulty_train import FaultAt
 
+ROOT = Path(__file__).resolve().parent.parent
 # the packaged hopper_sac on raysim's native Reach (a joint vector, 2 actions in [-1, 1], 100-step episodes; a native
 # env saves its state: a resume continues its episodes exactly), 1 row x 16 steps an iteration
 TINY = [
@@ -126,3 +134,70 @@ def test_a_lockstep_sac_run_stopped_and_resumed_is_bitwise_the_uninterrupted_one
         Checkpoints(LocalStorage(tmp_path / "resumed")).list()[-1]
     )
     assert listing and listing[0][-1]["last"] == 159  # every transition of the run is in a listed segment
+
+
+def train_cli(run_dir, fault: str, *overrides: str) -> subprocess.CompletedProcess:
+    """``raysim train hopper_sac --local`` on the tiny Reach run in its own process, a fault injected
+    (``tests.support.faulty_train``)."""
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), environ.get("PYTHONPATH")) if p)
+    sets = [item for o in [*TINY[:-1], *overrides] for item in ("--set", o)]
+    command = [sys.executable, "-m", "tests.support.faulty_train", fault, "train", "hopper_sac", "--local"]
+    return subprocess.run(
+        [*command, "--run-dir", str(run_dir), *sets], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=240
+    )
+
+
+@pytest.fixture(scope="module")
+def straight_sac(tmp_path_factory):
+    """The uninterrupted lockstep SAC run the interrupted ones must end equal to (checkpoints every 3 iterations)."""
+    run_dir = tmp_path_factory.mktemp("straight_sac") / "run"
+    assert raysim.Trainer(config_of(run_dir, "checkpoint.every=3")).train().env_steps == 160
+    return run_dir
+
+
+def assert_same_sac_run(run_dir, straight) -> None:
+    """Rows, the actor, the critics and their targets, the temperature, and the evaluation records, bitwise."""
+    assert rows(run_dir) == rows(straight)
+    (_, a, _), (_, b, _) = (Checkpoints(LocalStorage(d)).newest_intact(False) for d in (run_dir, straight))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    for net in ("qf", "qf_target"):
+        assert all(torch.equal(a["sac"][net][k], b["sac"][net][k]) for k in a["sac"][net])
+    assert torch.equal(a["sac"]["log_alpha"], b["sac"]["log_alpha"])
+    for name in sorted(os.listdir(straight / "eval")):
+        assert pq.read_table(run_dir / "eval" / name).to_pylist() == pq.read_table(straight / "eval" / name).to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("fault", "resumes_from"),
+    [
+        ("update:5:kill", 3),
+        pytest.param("save:6:kill", 3, marks=pytest.mark.slow),
+        pytest.param("collect:8:term", 7, marks=pytest.mark.slow),
+    ],
+)
+def test_a_lockstep_sac_run_killed_at_a_phase_resumes_to_bitwise_the_uninterrupted_one(
+    tmp_path, straight_sac, capsys, fault, resumes_from
+):
+    run_dir = tmp_path / "run"
+    killed = train_cli(run_dir, fault, "checkpoint.every=3")
+    assert killed.returncode in (-9, 143), killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert Checkpoints(LocalStorage(run_dir)).newest_intact(False)[0].iteration == resumes_from
+    assert main(["resume", str(run_dir), "--local"]) == 0
+    assert f"(iteration {resumes_from}," in capsys.readouterr().out
+    assert_same_sac_run(run_dir, straight_sac)
+
+
+@pytest.mark.slow
+def test_a_sac_learner_that_dies_is_restarted_with_its_replay_buffer_and_the_run_is_the_uninterrupted_one(
+    ray_session, tmp_path, straight_sac, capsys
+):
+    # killed after the update of iteration 5, which completes: restarted from iteration 5, whose buffer is the segments
+    # of checkpoint 3 and the transitions iterations 4 and 5 appended (in the object store); a Ray run equals its
+    # local run
+    run_dir = tmp_path / "run"
+    with faults.registered(fault := FaultAt("update:5:learner")):
+        summary = raysim.Trainer(config_of(run_dir, "backend=ray", "checkpoint.every=3")).train()
+    assert fault.fired and "restarted it from the last completed iteration 5;" in capsys.readouterr().out
+    assert summary.env_steps == 160
+    assert_same_sac_run(run_dir, straight_sac)
