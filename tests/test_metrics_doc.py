@@ -1,4 +1,4 @@
-"""The metrics page explains every column a run logs: tiny PPO and GRPO runs, their columns looked up in it."""
+"""The metrics page explains every column a run logs: tiny PPO, GRPO and SAC runs, their columns looked up in it."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ GRPO = [
     "eval.num_envs=2",
 ]
 
+# SAC on Reach: 6 iterations of 1 row x 16 steps, updates from the third
+SAC = ["env.id=raysim/Reach", "algo.num_steps=16", "algo.learning_starts=32", "algo.batch_size=16", "train.total_steps=96"]
+
 
 def logged_columns(config: str, overrides: list[str], run_dir: Path) -> set[str]:
     summary = raysim.Trainer(raysim.load_config(config, [*EVERY_ITERATION, *overrides, f"run_dir={run_dir}"])).train()
@@ -36,10 +39,12 @@ def explained() -> set[str]:
     return {name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)}
 
 
-def test_every_column_a_ppo_and_a_grpo_run_log_is_explained_on_the_metrics_page(tmp_path):
+def test_every_column_a_ppo_a_grpo_and_a_sac_run_log_is_explained_on_the_metrics_page(tmp_path):
     ppo = logged_columns("reach_ppo", PPO, tmp_path / "ppo")
     grpo = logged_columns("cartpole_grpo", GRPO, tmp_path / "grpo")
+    sac = logged_columns("hopper_sac", [*SAC, "model.hidden_sizes=[16]", "eval.num_envs=2"], tmp_path / "sac")
     assert {"pg_loss", "v_loss", "success_rate", "eval_success_rate"} <= ppo  # the runs log what they should
     assert {"kl", "groups_dropped", "env_steps_trained", "eval_return"} <= grpo
-    missing = sorted((ppo | grpo) - explained())
+    assert {"qf_loss", "alpha", "replay_ratio", "buffer_size"} <= sac
+    missing = sorted((ppo | grpo | sac) - explained())
     assert not missing, f"docs/metrics.md does not explain {missing}: add a row to its tables"

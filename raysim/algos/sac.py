@@ -113,8 +113,9 @@ class SAC(Algorithm):
 
     @classmethod
     def model_defaults(cls) -> dict[str, Any]:
-        """Its own critics; the squashed Gaussian with a per-state log-std (CleanRL's actor)."""
-        return {"critic": False, "action_transform": "squash", "log_std": "state"}
+        """Its own critics; the squashed Gaussian with a per-state log-std, starting at -1.5 (CleanRL's actor: its
+        log-std head's output near 0 at the start is -1.5 in [-5, 2])."""
+        return {"critic": False, "action_transform": "squash", "log_std": "state", "init_log_std": -1.5}
 
     @classmethod
     def check_model(cls, config: SACConfig, model: Any, observation_spaces: dict, action_space: Any) -> None:
