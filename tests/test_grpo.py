@@ -189,7 +189,7 @@ def test_algo_name_picks_the_algorithm_config_and_an_unknown_name_lists_the_vali
     assert default.model.critic is False  # GRPO's model defaults to no critic
     with pytest.raises(ConfigError, match="group_size"):
         load_config("cartpole_ppo", ["algo.group_size=4"])  # a GRPO key is unknown to PPO
-    with pytest.raises(ConfigError, match=r"algo.name must be one of \['bc', 'distill', 'grpo', 'ppo'\]"):
+    with pytest.raises(ConfigError, match=r"algo.name must be one of \['bc', 'distill', 'grpo', 'ppo', 'sac'\]"):
         load_config("cartpole_ppo", ["algo.name=a2c"])
 
 

@@ -25,7 +25,13 @@ GRPO = [
 ]
 
 # SAC on Reach: 6 iterations of 1 row x 16 steps, updates from the third
-SAC = ["env.id=raysim/Reach", "algo.num_steps=16", "algo.learning_starts=32", "algo.batch_size=16", "train.total_steps=96"]
+SAC = [
+    "env.id=raysim/Reach",
+    "algo.num_steps=16",
+    "algo.learning_starts=32",
+    "algo.batch_size=16",
+    "train.total_steps=96",
+]
 
 
 def logged_columns(config: str, overrides: list[str], run_dir: Path) -> set[str]:

@@ -49,6 +49,14 @@ def save(session: Session, final: bool = False) -> Checkpoint:
     return ready.saved
 
 
+def save_due(session: Session) -> bool:
+    """Every ``checkpoint.every`` iterations and every ``checkpoint.every_seconds`` of wall time."""
+    cfg = session.config.checkpoint
+    by_iterations = bool(cfg.every) and session.ready.state.iteration % cfg.every == 0
+    by_time = bool(cfg.every_seconds) and time.monotonic() - session.last_save >= cfg.every_seconds
+    return by_iterations or by_time
+
+
 def final_save(session: Session, failure: BaseException | None) -> None:
     """Save the last completed iteration (a signal meanwhile waits for it, then is raised); after a
     ``failure``, raise it as ``RunFailed``, saying how to resume. A failed save is ``RunFailed`` too."""

@@ -61,3 +61,16 @@ def planned_iterations(config: Config) -> int:
     per_row = algorithm.collection(config.algo).steps_per_row
     rows = config.shards.count * config.env.num_envs
     return max(1, math.ceil(config.train.total_steps / (rows * (per_row or 1))))
+
+
+def nothing_to_train(config: Config, state: RunState, run_dir: str) -> str:
+    """What a resumed run that already reached its budget says: where it is, the budget, how to train longer."""
+    if algorithm_class(config.algo.name).collection(config.algo) is None:  # no shards (BC): gradient steps
+        at, budget, key = f"iteration {state.iteration}", f"algo.updates={config.algo.updates:,}", "algo.updates"
+    else:
+        total = config.train.total_steps
+        at, budget, key = f"{state.env_steps:,} env steps", f"train.total_steps={total:,}", "train.total_steps"
+    return (
+        f"nothing to train: the run is at {at} and the config's budget is {budget}; to train longer: "
+        f"raysim resume {run_dir} --set {key}=<more>"
+    )

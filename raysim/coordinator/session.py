@@ -14,17 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysim.actors import Backend, cause
+from raysim.algos import algorithm_class
 from raysim.checkpoint import Checkpoint, Checkpoints
-from raysim.config import Config
+from raysim.config import Config, to_dict
 from raysim.coordinator.collector import Collector
 from raysim.coordinator.phases import PhaseClock
 from raysim.coordinator.replay import ReplayLog
 from raysim.coordinator.roles import Roles
 from raysim.coordinator.run_state import RunState
+from raysim.coordinator.schedule import planned_iterations
 from raysim.coordinator.signals import StopSignals
 from raysim.evaluation import EvalReport
 from raysim.learner.group import combined
-from raysim.metrics import SinkSet
+from raysim.metrics import SinkSet, make_sinks
 from raysim.storage import RunStorage
 
 
@@ -108,6 +110,24 @@ class Session:
         """The run directory."""
         return self.checkpoints.storage
 
+    def write_row(self, state: RunState, result: dict[str, float]) -> None:
+        """One record to every sink: the learner's metrics, the evaluations since the last row, counters and
+        timings (``time``: the run's training seconds, continued across resumes)."""
+        elapsed = self.clock.training_seconds()
+        record = {k: v for k, v in result.items() if k != "env_steps"}
+        record.update(state.unlogged)
+        record.update(self.clock.per_iteration())
+        record.update(
+            {
+                "iteration": state.iteration,
+                "env_steps": state.env_steps,
+                "time": state.seconds,
+                "steps_per_s": (state.env_steps - self.first.env_steps) / max(elapsed, 1e-9),
+            }
+        )
+        self.sinks.write(record)
+        self.record = record
+
     def release(self) -> None:
         """End the run's actors (their CPUs go back to the cluster at once)."""
         end_roles(self.backend, self.roles)
@@ -118,3 +138,18 @@ def end_roles(backend: Backend, roles: Roles) -> None:
     servers = roles.servers.handles if roles.servers is not None else []
     for handle in [*roles.shards, *roles.eval_shards, *roles.learner.handles, *servers]:
         backend.kill(handle)
+
+
+def open_sinks(config: Config, storage: RunStorage, state: RunState, resumed: bool) -> SinkSet:
+    """The sinks of ``train.sinks`` for a run at ``state`` (rows after its iteration are dropped on a resume); a run
+    without shards (BC) shows its progress in iterations."""
+    shardless = algorithm_class(config.algo.name).collection(config.algo) is None
+    return make_sinks(
+        config.train.sinks,
+        storage,
+        planned_iterations(config) if shardless else config.train.total_steps,
+        keep_until=state.iteration,
+        env_steps=state.env_steps if resumed else 0,
+        by_iteration=shardless,
+        config=to_dict(config),
+    )

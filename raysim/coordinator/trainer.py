@@ -38,9 +38,9 @@ from raysim.coordinator.recovery import ResumePoint, restart_learner, restore, r
 from raysim.coordinator.replay import ReplayLog, refill
 from raysim.coordinator.roles import create_roles
 from raysim.coordinator.run_state import RunState
-from raysim.coordinator.saving import RunFailed, end_run, final_save, save
-from raysim.coordinator.schedule import Schedule, planned_iterations
-from raysim.coordinator.session import Ready, Session, end_roles
+from raysim.coordinator.saving import RunFailed, end_run, final_save, save, save_due
+from raysim.coordinator.schedule import Schedule, nothing_to_train, planned_iterations
+from raysim.coordinator.session import Ready, Session, end_roles, open_sinks
 from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.snapshot import choose_run_dir, default_run_dirs, write_snapshot
 from raysim.coordinator.summary import FINISHED, Summary
@@ -48,7 +48,7 @@ from raysim.coordinator.teacher import TEACHER_COPY, read_teacher, save_teacher,
 from raysim.coordinator.training_eval import eval_due, eval_metrics, evaluate_iteration, final_evaluation
 from raysim.identity import current_form, differences, env_identity
 from raysim.learner.inputs import ChunksLost
-from raysim.metrics import SinkSet, make_sinks
+from raysim.metrics import SinkSet
 from raysim.storage import open_storage
 from raysim.video import require_video
 
@@ -237,7 +237,10 @@ class Trainer:
             replay = ReplayLog()
             if self.algorithm.off_policy:  # a resumed run's buffers, refilled from the segments its checkpoint lists
                 replay = refill(self.checkpoints, ready.saved, cfg.replay.save, roles.learner)
-            sinks = self._sinks(ready.state)
+            resumed = self.resume is not None
+            sinks = (
+                SinkSet(self.sinks) if self.sinks is not None else open_sinks(cfg, self.storage, ready.state, resumed)
+            )
             weights = roles.learner.get_weights()
         except BaseException:
             end_roles(backend, roles)
@@ -246,39 +249,11 @@ class Trainer:
         ready_state = (ready, ready.state, weights)
         return Session(*run, backend, roles, collector, signals, sinks, *ready_state, replay=replay)
 
-    def _sinks(self, state: RunState) -> SinkSet:
-        if self.sinks is not None:
-            return SinkSet(self.sinks)
-        cfg = self.config
-        shardless = self.plan is None  # BC: progress in iterations, no env steps
-        return make_sinks(
-            cfg.train.sinks,
-            self.storage,
-            self.schedule.planned if shardless else cfg.train.total_steps,
-            keep_until=state.iteration,
-            env_steps=state.env_steps if self.resume else 0,
-            by_iteration=shardless,
-            config=to_dict(cfg),
-        )
-
     def _run(self, s: Session, startup: float) -> Summary:
         """Iterate until a stop rule, a signal or a failure; save; then the final evaluation."""
         failure: BaseException | None = None
         if self.resume and self.schedule.budget_reached(s.ready.state):
-            state, total = s.ready.state, self.config.train.total_steps
-            if self.plan is None:  # no shards (BC): a budget of gradient steps
-                at, budget, key = (
-                    f"iteration {state.iteration}",
-                    f"algo.updates={self.config.algo.updates:,}",
-                    "algo.updates",
-                )
-            else:
-                at, budget, key = f"{state.env_steps:,} env steps", f"train.total_steps={total:,}", "train.total_steps"
-            print(
-                f"raysim: nothing to train: the run is at {at} and the config's budget is {budget}; to train "
-                f"longer: raysim resume {self.run_dir} --set {key}=<more>",
-                flush=True,
-            )
+            print(f"raysim: {nothing_to_train(self.config, s.ready.state, self.run_dir)}", flush=True)
         try:
             while (reason := self.stop_reason(s, s.ready.state)) is None:
                 self._iterate_or_restart(s)
@@ -370,12 +345,12 @@ class Trainer:
             log = True  # the run's last iteration always logs (a stopped one leaves its window to the resume)
             result.update(roles.learner.metrics())
         if log:
-            self._log(s, state, result)
+            s.write_row(state, result)
             state = state.logged()
         s.ready = Ready(state, roles.learner.snapshots, list(s.collector.states))  # iteration complete
         if self.algorithm.off_policy:
             s.replay.completed(roles.learner.appended)  # saved with the next checkpoint
-        if report is not None or (self._save_due(s) and self.stop_reason(s, state) is None):
+        if report is not None or (save_due(s) and self.stop_reason(s, state) is None):
             with clock.phase("time_checkpoint"), s.signals.deferred():  # an evaluated iteration is saved
                 checkpoint = save(s)
                 if report is not None:
@@ -394,28 +369,3 @@ class Trainer:
                 if not isinstance(lost, ChunksLost):
                     raise
                 batch = s.collector.recollect(batch, lost)
-
-    def _save_due(self, s: Session) -> bool:
-        """Every ``checkpoint.every`` iterations and every ``checkpoint.every_seconds`` of wall time."""
-        cfg = self.config.checkpoint
-        by_iterations = bool(cfg.every) and s.ready.state.iteration % cfg.every == 0
-        by_time = bool(cfg.every_seconds) and time.monotonic() - s.last_save >= cfg.every_seconds
-        return by_iterations or by_time
-
-    def _log(self, s: Session, state: RunState, result: dict[str, float]) -> None:
-        """One record to every sink: the learner's metrics, the evaluations since the last row, counters and
-        timings (``time``: the run's training seconds, continued across resumes)."""
-        elapsed = s.clock.training_seconds()
-        record = {k: v for k, v in result.items() if k != "env_steps"}
-        record.update(state.unlogged)
-        record.update(s.clock.per_iteration())
-        record.update(
-            {
-                "iteration": state.iteration,
-                "env_steps": state.env_steps,
-                "time": state.seconds,
-                "steps_per_s": (state.env_steps - s.first.env_steps) / max(elapsed, 1e-9),
-            }
-        )
-        s.sinks.write(record)
-        s.record = record
