@@ -72,6 +72,12 @@ class Algorithm:
         ``train.total_steps``."""
         return None
 
+    @classmethod
+    def dataset(cls, config: Any) -> tuple[str, str] | None:
+        """The dataset of demonstrations this algorithm trains on, as ``(its key, the dataset)``: the driver reads it
+        and ``attach`` gets this rank's share; None: none."""
+        return None
+
     def attach(self, demonstrations: Any) -> None:
         """Train on ``demonstrations`` (``raysim.demos.Demonstrations``, this rank's share): algorithms that learn
         from a dataset override it."""

@@ -129,6 +129,10 @@ class BC(Algorithm):
         if not config.dataset:
             raise ValueError("algo.dataset must name a dataset of demonstrations (raysim demos record makes one)")
 
+    @classmethod
+    def dataset(cls, config: BCConfig) -> tuple[str, str]:
+        return "algo.dataset", config.dataset
+
     def attach(self, demonstrations: Any) -> None:
         """Fit the observation normalizers on the whole dataset (the same on every rank), keep this rank's share."""
         for network in (self.model.actor, self.model.critic):

@@ -69,7 +69,12 @@ class SACConfig:
         "min", help="what the actor maximises: the critics' minimum or mean", choices=("min", "mean")
     )
     layer_norm: bool = setting(False, help="LayerNorm after every hidden layer of the critics (RLPD)")
-    alpha: float = setting(0.2, help="the initial (or, with autotune false, fixed) entropy temperature", low=0)
+    alpha: float | None = setting(
+        None,
+        help="the entropy temperature: the initial one when learned (autotune), else fixed (null: CleanRL's, 1.0 when "
+        "learned, its log-alpha starting at 0, and 0.2 when fixed)",
+        low=0,
+    )
     autotune: bool = setting(True, help="learn alpha toward target_entropy")
     target_entropy: float | None = setting(None, help="the entropy alpha aims for (null: -dim(A))")
     demonstrations: str = setting("", help="RLPD: a dataset of demonstrations (as algo.dataset of bc); '' for none")
@@ -160,7 +165,8 @@ class SAC(Algorithm):
         self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=config.q_lr)
         self.q_step = GuardedStep(self.q_optimizer, config.max_grad_norm, config.max_nonfinite_updates, ranks)
         self.target_entropy = -float(width) if config.target_entropy is None else float(config.target_entropy)
-        self.log_alpha = torch.tensor([math.log(max(config.alpha, 1e-8))], device=ranks.device, requires_grad=True)
+        alpha = config.alpha if config.alpha is not None else (1.0 if config.autotune else 0.2)
+        self.log_alpha = torch.tensor([math.log(max(alpha, 1e-8))], device=ranks.device, requires_grad=True)
         self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=config.q_lr)
         self.a_step = GuardedStep(self.a_optimizer, math.inf, config.max_nonfinite_updates, ranks)
         self.carry = 0.0  # gradient steps owed but not taken (the fraction of updates_per_step x new steps)
@@ -183,6 +189,11 @@ class SAC(Algorithm):
     def use_replay(self, replay: ReplayBuffer) -> None:
         """The learner's replay buffer (``replay.capacity``), which ``update`` fills and samples."""
         self.replay = replay
+
+    @classmethod
+    def dataset(cls, config: SACConfig) -> tuple[str, str] | None:
+        """RLPD's demonstrations (``algo.demonstrations``), if any."""
+        return ("algo.demonstrations", config.demonstrations) if config.demonstrations else None
 
     def attach(self, demonstrations: Any) -> None:
         """RLPD: this rank's share of the demonstrations (``raysim.demos.Demonstrations`` with its transitions)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from raysim.actors import Backend, InputLost, cause
 from raysim.algos import algorithm_class
@@ -45,8 +44,9 @@ from raysim.coordinator.signals import StopRequested, StopSignals
 from raysim.coordinator.snapshot import choose_run_dir, default_run_dirs, write_snapshot
 from raysim.coordinator.summary import FINISHED, Summary
 from raysim.coordinator.teacher import TEACHER_COPY, read_teacher, save_teacher, teacher_meta
+from raysim.coordinator.training_data import read_demonstrations
 from raysim.coordinator.training_eval import eval_due, eval_metrics, evaluate_iteration, final_evaluation
-from raysim.identity import current_form, differences, env_identity
+from raysim.identity import env_identity
 from raysim.learner.inputs import ChunksLost
 from raysim.metrics import SinkSet
 from raysim.storage import open_storage
@@ -59,31 +59,6 @@ __all__ = ["FINISHED", "Reporter", "ResumePoint", "RunFailed", "Summary", "Train
 #: run (the budget, ``eval.stop_return``): that one is the ``Summary``'s, whose checkpoint (the final save) and
 #: ``final_metrics`` a Tune trial reports once the run closed; so each report carries its own iteration's checkpoint.
 Reporter = Callable[[dict[str, float], Checkpoint | None], bool]
-
-
-def read_demonstrations(config: Config, spaces: tuple, canonical_env: dict[str, Any]) -> Any:
-    """The dataset an algorithm without shards (BC) trains on, read once here (``raysim.demos``: Minari, an
-    optional extra) and checked against the env and ``model.action_transform`` before anything starts. A line when
-    it was recorded on another env than this run's (``canonical_env``), as ``model.init_from`` says it: cloning
-    another task's demonstrations is allowed where the spaces fit (the frame stack is not compared: a dataset keeps
-    the env's own observations)."""
-    from raysim.demos import load_demonstrations
-
-    dataset = config.algo.dataset
-    demonstrations = load_demonstrations(dataset, *spaces, config.env.frame_stack, config.model.action_transform)
-    saved = demonstrations.metadata.get("canonical_env")
-    if isinstance(saved, dict):
-        saved = current_form(saved) if saved.get("id") == canonical_env["id"] else saved  # its id's defaults filled in
-        unstacked = [{k: v for k, v in env.items() if k != "frame_stack"} for env in (saved, canonical_env)]
-        lines = differences(*unstacked, prefix="env.", source="the dataset")
-        if lines:
-            more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
-            print(
-                f"raysim: algo.dataset: {dataset} was recorded on another env than this run's: {'; '.join(lines[:3])}"
-                f"{more} (allowed: its observations and actions fit this env)",
-                flush=True,
-            )
-    return demonstrations
 
 
 def closing(
@@ -151,7 +126,7 @@ class Trainer:
         starts_new = resume is None or resume.checkpoint is None  # a resume's own checkpoint wins over init_from
         self.starts = {
             "pretrained": read_pretrained(config, self.spaces, identity) if starts_new else None,
-            "demonstrations": None if self.plan else read_demonstrations(config, self.spaces, canonical_env),
+            "demonstrations": read_demonstrations(config, self.spaces, canonical_env),
         }
         self.session: Session | None = None  # opened by ``train``
 

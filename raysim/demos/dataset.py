@@ -109,14 +109,16 @@ def load_demonstrations(
     action_space: gym.Space,
     frame_stack: FrameStackConfig | dict | None = None,
     action_transform: str = "clip",
+    transitions: bool = False,
 ) -> Demonstrations:
     """Every step of ``dataset`` as the policy sees it (``Demonstrations``), checked against the env first.
 
     ``observation_spaces`` and ``action_space``: the env's as the policy sees them (``EnvShard.spaces``, after the
     frame stack); ``frame_stack`` (``env.frame_stack``): rebuilt per episode from the dataset's observations, which
     are the env's own; ``action_transform`` (``model.action_transform``): the actions become what the policy
-    samples (``fitting_transform``). A ``DatasetError`` in one line for a dataset that is missing, empty or does not
-    fit.
+    samples (``fitting_transform``); ``transitions``: each step's next observation, reward and termination too
+    (an off-policy algorithm's demonstrations: RLPD). A ``DatasetError`` in one line for a dataset that is missing,
+    empty or does not fit.
     """
     frame_stack = frame_stack if isinstance(frame_stack, FrameStackConfig) else FrameStackConfig(**(frame_stack or {}))
     opened = open_dataset(dataset)
@@ -127,27 +129,24 @@ def load_demonstrations(
     sampling = ActionSampling(action_space, action_transform)
     recorded_before = fitting_transform(dataset, metadata, sampling, action_transform)
     obs: dict[str, list[torch.Tensor]] = {g: [] for g in groups}
-    actions, episode = [], []
+    next_obs: dict[str, list[torch.Tensor]] = {g: [] for g in groups}
+    actions, episode, reward, terminated = [], [], [], []
     for number, data in enumerate(opened.iterate_episodes()):
         steps = len(data.rewards)
         for group, key in groups.items():
-            if key is not None and key not in data.observations:
-                raise DatasetError(f"dataset {dataset}: episode {data.id} has no observations of group {key!r}")
-            frames = torch.from_numpy(np.asarray(data.observations if key is None else data.observations[key]))
-            if frames.shape[0] != steps + 1:
-                raise DatasetError(
-                    f"dataset {dataset}: episode {data.id} has {steps} steps and {frames.shape[0]} observations of "
-                    f"{group!r} (Minari keeps one more observation than steps)"
-                )
-            frames = frames[:steps].to(group_dtype(observation_spaces[group]))
+            frames = episode_frames(dataset, data, key, group, observation_spaces[group])
             if group in stacked:
                 frames = stack_episode(frames, frame_stack.k, stack_axis(opened_space(opened, key)))
-            obs[group].append(frames)
+            obs[group].append(frames[:steps])
+            if transitions:
+                next_obs[group].append(frames[1:])
         acted = torch.from_numpy(np.asarray(data.actions)).to(action_dtype)
         if acted.shape[0] != steps:
             raise DatasetError(f"dataset {dataset}: episode {data.id} has {steps} steps and {acted.shape[0]} actions")
         actions.append(acted)
         episode.append(torch.full((steps,), number, dtype=torch.int64))
+        reward.append(torch.as_tensor(np.asarray(data.rewards), dtype=torch.float32))
+        terminated.append(torch.as_tensor(np.asarray(data.terminations), dtype=torch.bool))
     actions = torch.cat(actions)
     return Demonstrations(
         {g: torch.cat(v) for g, v in obs.items()},
@@ -155,7 +154,25 @@ def load_demonstrations(
         torch.cat(episode),
         opened.total_episodes,
         metadata,
+        {g: torch.cat(v) for g, v in next_obs.items()} if transitions else None,
+        torch.cat(reward) if transitions else None,
+        torch.cat(terminated) if transitions else None,
     )
+
+
+def episode_frames(dataset: str, data: Any, key: str | None, group: str, space: gym.Space) -> torch.Tensor:
+    """One episode's observations of ``group`` (its ``key`` in the dataset), all ``steps + 1`` of them, in the dtype
+    the policy reads; a ``DatasetError`` when they are missing or their count is not the steps' plus one."""
+    steps = len(data.rewards)
+    if key is not None and key not in data.observations:
+        raise DatasetError(f"dataset {dataset}: episode {data.id} has no observations of group {key!r}")
+    frames = torch.from_numpy(np.asarray(data.observations if key is None else data.observations[key]))
+    if frames.shape[0] != steps + 1:
+        raise DatasetError(
+            f"dataset {dataset}: episode {data.id} has {steps} steps and {frames.shape[0]} observations of "
+            f"{group!r} (Minari keeps one more observation than steps)"
+        )
+    return frames.to(group_dtype(space))
 
 
 def fitting_transform(dataset: str, metadata: dict[str, Any], sampling: ActionSampling, transform: str) -> bool:

@@ -27,6 +27,11 @@ class Demonstrations:
     episode: torch.Tensor
     episodes: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    # with ``load_demonstrations(..., transitions=True)`` (RLPD): each step's next observation (the real one at an
+    # episode's end), reward and whether the episode terminated there
+    next_obs: dict[str, torch.Tensor] | None = None
+    reward: torch.Tensor | None = None
+    terminated: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
@@ -39,13 +44,35 @@ class Demonstrations:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         index = torch.arange(rank, self.steps, world_size)
         episode = self.episode[index]
+
+        def part(value: Any) -> Any:
+            if value is None:
+                return None
+            return {g: v[index] for g, v in value.items()} if isinstance(value, dict) else value[index]
+
         return Demonstrations(
-            {g: v[index] for g, v in self.obs.items()},
-            self.actions[index],
+            part(self.obs),
+            part(self.actions),
             episode,
             int(episode.unique().numel()),
             self.metadata,
+            part(self.next_obs),
+            part(self.reward),
+            part(self.terminated),
         )
+
+    def transitions(self, groups: list[str]) -> dict[str, Any]:
+        """The steps as an off-policy algorithm's transitions (``raysim.algos.replay``) of the groups ``groups``;
+        a ``ValueError`` when they were loaded without (``transitions=True``)."""
+        if self.next_obs is None:
+            raise ValueError("these demonstrations were loaded without their transitions (transitions=True)")
+        return {
+            "obs": {g: self.obs[g] for g in groups},
+            "next_obs": {g: self.next_obs[g] for g in groups},
+            "actions": self.actions,
+            "reward": self.reward,
+            "terminated": self.terminated,
+        }
 
 
 def stack_episode(frames: torch.Tensor, k: int, axis: int) -> torch.Tensor:
