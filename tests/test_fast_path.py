@@ -347,7 +347,7 @@ def plain_gaussian_chunks(env_id, num_envs, seed, weights, config, steps, env_kw
     ],
 )
 def test_a_gaussian_actors_chunks_equal_the_general_paths_bitwise(env_id, num_envs, env_kwargs, config):
-    """``EnvShard.sample_gaussian`` (fused MLP, in place) draws what ``Actor.sample`` draws: the same actions,
+    """``OwnActor.sample_gaussian`` (fused MLP, in place) draws what ``Actor.sample`` draws: the same actions,
     log-probabilities, generator state and so the same observations, rewards and values, with new weights (log-std,
     or the net's log-std outputs with ``log_std: state``, and normalizer statistics) in every chunk."""
     steps, seed = 30, 4

@@ -224,7 +224,7 @@ def test_networks_with_a_cnn_act_and_value_through_their_own_forward_not_the_fus
     from raysim.rollout.advantages import chunk_values
 
     shard, chunk = shard_chunk("uint8")
-    assert not shard.actor.fusable and shard._acting is None  # the fused MLP path never took the CNN actor
+    assert not shard.actor.fusable and shard.acting.fused is None  # the fused MLP path never took the CNN actor
     obs = {k: v[:-1].flatten(0, 1) for k, v in chunk.obs.items()}
     with inference(shard.actor):
         logp, _ = shard.actor.log_prob_entropy(obs, chunk.actions.flatten())

@@ -244,14 +244,14 @@ def test_with_on_nonfinite_mask_a_nan_reward_on_a_rows_last_step_leaves_no_nan_r
 
 
 def test_the_finiteness_check_scans_floats_and_takes_integer_images_as_finite_without_a_scan(monkeypatch):
-    from raysim.rollout import shard as shard_module
+    from raysim.rollout import rows as rows_module
 
-    assert shard_module.all_finite(torch.zeros(3)) and not shard_module.all_finite(torch.tensor([0.0, float("nan")]))
+    assert rows_module.all_finite(torch.zeros(3)) and not rows_module.all_finite(torch.tensor([0.0, float("nan")]))
     scanned = []
     monkeypatch.setattr(
-        shard_module.torch, "isfinite", lambda v: scanned.append(v.dtype) or torch.ones_like(v, dtype=torch.bool)
+        rows_module.torch, "isfinite", lambda v: scanned.append(v.dtype) or torch.ones_like(v, dtype=torch.bool)
     )
-    assert shard_module.all_finite(torch.full((2, 3, 8, 8), 255, dtype=torch.uint8)) and scanned == []
+    assert rows_module.all_finite(torch.full((2, 3, 8, 8), 255, dtype=torch.uint8)) and scanned == []
 
 
 def test_on_nonfinite_must_be_raise_or_mask():

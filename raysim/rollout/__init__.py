@@ -3,7 +3,8 @@
 from raysim.rollout.chunk import RolloutChunk
 from raysim.rollout.endings import Collection, EvalEpisodes, FixedSteps, GroupEpisodes, GroupResetError, Scoring
 from raysim.rollout.inference import inference
-from raysim.rollout.shard import EnvShard, NonFiniteError
+from raysim.rollout.rows import NonFiniteError
+from raysim.rollout.shard import EnvShard
 
 __all__ = [
     "Collection",

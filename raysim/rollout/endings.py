@@ -9,7 +9,7 @@ into an *ending*, the object its loop consults::
     while ending.running(t):
         ending.observe(t, obs)                     # the chunk keeps obs[t]
         step = env.step(env_action(ending.act(t, obs)))
-        ...                                        # non-finite rows found and discarded (EnvShard)
+        ...                                        # non-finite rows found and discarded (Rows)
         ending.after_step(t, step, bad)            # masks, episode ends, row resets
         obs = step.obs
 
@@ -29,9 +29,10 @@ from typing import Protocol
 import torch
 
 from raysim.envs.contract import BatchedEnv, Obs, Step
-from raysim.models import ActionSampling, RowMemory
+from raysim.rollout.acting import Acting, UniformWarmUp
 from raysim.rollout.chunk import RolloutChunk, join_reports
 from raysim.rollout.policies import EvalPolicy, scripted_policy
+from raysim.rollout.rows import Rows
 from raysim.rollout.teacher import Teacher
 from raysim.rollout.trajectories import Trajectories
 from raysim.seeding import EVAL_ACTION_NOISE, EVAL_BATCH, EVAL_EPISODE, derive_seed
@@ -122,39 +123,18 @@ class Scoring:
 Collection = FixedSteps | GroupEpisodes  # what an algorithm asks the shards to collect
 
 
-class Acting(Protocol):
+class ShardView(Protocol):
     """What an ending sees of the shard that drives it (``raysim.rollout.shard.EnvShard``)."""
 
-    env_id: str
-    env: BatchedEnv
-    sampling: ActionSampling  # the actor's action distribution (the shard's actor may be on a policy server)
-    generator: torch.Generator
-    seed: int
-    shard_index: int
-    version: int
-    obs: Obs
-    steps_done: int
-    group_rounds: int
-    memory: RowMemory | None  # the rows' recurrent state (model.recurrent)
+    rows: Rows  # the env, observations, recurrent state, generator, counters
+    acting: Acting  # its actor's, here or on a policy server (``raysim.rollout.acting``)
     teacher: Teacher | None  # labels every training step (distillation), or None
-
-    def sample_discrete(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
-
-    def sample_gaussian(self, obs: Obs, action: torch.Tensor, logp: torch.Tensor) -> torch.Tensor: ...
-
-    def restart_rows(self, step: Step, rows: torch.Tensor) -> int: ...
-
-    def take_fresh(self) -> bool: ...
-
-    def peek(self, obs: Obs) -> torch.Tensor: ...
-
-    def learned_policy(self, deterministic: bool) -> EvalPolicy: ...
 
 
 class Ending:
     """The parts of the acting loop that depend on what the run is for (see the module docstring)."""
 
-    shard: Acting
+    shard: ShardView
 
     #: False: finiteness may be checked once over the recorded chunk afterwards (``on_nonfinite: raise``).
     checks_each_step = True
@@ -174,7 +154,7 @@ class Ending:
     @property
     def env_action(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """How the env receives ``act``'s actions (read once per run): the actor's, mapped into the action space."""
-        return self.shard.sampling.env_action
+        return self.shard.acting.sampling.env_action
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         """After the env stepped; ``bad`` marks rows whose non-finite values were discarded (or None)."""
@@ -189,10 +169,10 @@ class ChunkBuffer:
     """
 
     def __init__(
-        self, shard: Acting, obs: Obs, capacity: int, teacher_share: float = 0.0, random_actions: bool = False
+        self, shard: ShardView, obs: Obs, capacity: int, teacher_share: float = 0.0, random_actions: bool = False
     ):
-        self.shard = shard
-        T, N = capacity, shard.env.num_envs
+        self.rows = rows = shard.rows
+        T, N = capacity, rows.env.num_envs
         self.capacity = T
         self.obs = {k: torch.empty((T + 1, *v.shape), dtype=v.dtype) for k, v in obs.items()}
         self.logp = torch.empty(T, N)
@@ -200,10 +180,9 @@ class ChunkBuffer:
         self.terminated = torch.empty(T, N, dtype=torch.bool)
         self.truncated = torch.empty(T, N, dtype=torch.bool)
         self.mask = torch.ones(T, N, dtype=torch.bool)
-        sampling = shard.sampling  # actions are sampled straight into the buffers
-        self.sample = shard.sample_discrete if sampling.discrete else shard.sample_gaussian
-        if random_actions:
-            self.sample = lambda obs, action, logp: sampling.uniform(action.shape[0], shard.generator, action, logp)
+        # actions are sampled straight into the buffers
+        self.acting = UniformWarmUp(shard.acting, rows.generator) if random_actions else shard.acting
+        self.sample, sampling = self.acting.sample, self.acting.sampling
         self.actions = torch.empty(T, N, dtype=torch.int64) if sampling.discrete else torch.empty(T, N, sampling.width)
         self.finals: list[tuple[int, Step]] = []
         self.nonfinite = 0
@@ -214,7 +193,7 @@ class ChunkBuffer:
         self.actions_t = self.actions.unbind(0)
         self.teacher, self.teacher_share = shard.teacher, float(teacher_share)
         self.labels = None if self.teacher is None else torch.empty(T, N, self.teacher.width)
-        memory = shard.memory  # a recurrent actor's: the rows' state before obs[0], and where episodes start
+        memory = rows.memory  # a recurrent actor's: the rows' state before obs[0], and where episodes start
         self.state0 = None if memory is None else memory.state.clone()
         self.starts = None if memory is None else torch.empty(T + 1, N, dtype=torch.bool)
         # and its core's output at every observation, the state of every final_obs's row (the learner's values)
@@ -226,7 +205,7 @@ class ChunkBuffer:
         for k, v in obs.items():
             self.obs_t[k][t].copy_(v)
         if self.starts is not None:
-            self.starts[t] = self.shard.memory.starting
+            self.starts[t] = self.rows.memory.starting
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         """A sampled action for every row, written with its log-probability into step ``t``; with a teacher, its
@@ -234,13 +213,13 @@ class ChunkBuffer:
         sample's: distillation does not read it)."""
         action = self.sample(obs, self.actions_t[t], self.logp_t[t])
         if self.memory is not None:
-            self.memory_t[t].copy_(self.shard.memory.output)
+            self.memory_t[t].copy_(self.rows.memory.output)
         if self.teacher is None:
             return action
         label = self.labels[t]
         self.teacher.label(obs, out=label)
         if self.teacher_share > 0:
-            taken = torch.rand(label.shape[0], generator=self.shard.generator) < self.teacher_share
+            taken = torch.rand(label.shape[0], generator=self.rows.generator) < self.teacher_share
             action[taken] = self.teacher.action(label)[taken]
         return action
 
@@ -253,15 +232,15 @@ class ChunkBuffer:
         if step.done_rows.numel():
             self.finals.append((t, step))
             if self.memory is not None:  # the state after the rows' last observation of the episode
-                self.final_states.append(self.shard.memory.state[step.done_rows])
+                self.final_states.append(self.rows.memory.state[step.done_rows])
 
     def build(self, steps: int, last_obs: Obs, episodes: dict[str, torch.Tensor] | None = None) -> RolloutChunk:
         """The chunk of the first ``steps`` steps; ``episodes`` default to the finished rows' reports."""
         for k, v in last_obs.items():
             self.obs[k][steps].copy_(v)
         if self.starts is not None:
-            self.starts[steps] = self.shard.memory.starting
-            self.memory[steps] = self.shard.peek(last_obs)
+            self.starts[steps] = self.rows.memory.starting
+            self.memory[steps] = self.acting.peek(last_obs)
         finals = self.finals
         final_obs = (
             {k: torch.cat([s.final_obs[k] for _, s in finals]) for k in self.obs}
@@ -292,10 +271,10 @@ class ChunkBuffer:
             final_t=final_t,
             final_row=final_row,
             episodes=episodes,
-            policy_version=self.shard.version,
-            shard=self.shard.shard_index,
+            policy_version=self.acting.version,
+            shard=self.rows.shard_index,
             nonfinite=self.nonfinite,
-            fresh=self.shard.take_fresh(),
+            fresh=self.rows.take_fresh(),
             state0=self.state0,
             starts=None if self.starts is None else kept(self.starts, 1),
             memory=None if self.memory is None else kept(self.memory, 1),
@@ -320,18 +299,18 @@ def finished_episodes(finals: list[tuple[int, Step]]) -> dict[str, torch.Tensor]
 class ChunkEnding(Ending):
     """``FixedSteps``: ``T`` steps from where the rows are; the episodes run on into the next chunk."""
 
-    def __init__(self, shard: Acting, plan: FixedSteps):
-        self.shard, self.steps, self.plan = shard, int(plan.num_steps), plan
+    def __init__(self, shard: ShardView, plan: FixedSteps):
+        self.shard, self.rows, self.steps, self.plan = shard, shard.rows, int(plan.num_steps), plan
         self.checks_each_step = False
-        self.start = shard.steps_done
+        self.start = shard.rows.steps_done
 
     def begin(self) -> Obs:
         plan = self.plan
-        self.chunk = ChunkBuffer(self.shard, self.shard.obs, self.steps, plan.teacher_share, plan.random_actions)
-        return self.shard.obs
+        self.chunk = ChunkBuffer(self.shard, self.rows.obs, self.steps, plan.teacher_share, plan.random_actions)
+        return self.rows.obs
 
     def running(self, t: int) -> bool:
-        self.shard.steps_done = self.start + t
+        self.rows.steps_done = self.start + t
         return t < self.steps
 
     def observe(self, t: int, obs: Obs) -> None:
@@ -342,7 +321,7 @@ class ChunkEnding(Ending):
 
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         if bad is not None:
-            self.chunk.nonfinite += self.shard.restart_rows(step, bad)
+            self.chunk.nonfinite += self.rows.restart_rows(step, bad)
         self.chunk.record(t, step)
 
     def result(self, steps: int, obs: Obs) -> RolloutChunk:
@@ -366,28 +345,29 @@ class GroupEnding(Ending):
     members play one task and can start from one state; with one task the chunk's rows are the env's.
     """
 
-    def __init__(self, shard: Acting, plan: GroupEpisodes):
+    def __init__(self, shard: ShardView, plan: GroupEpisodes):
         if int(plan.max_steps) < 1:
             raise ValueError(f"max_steps must be >= 1, got {plan.max_steps}")
-        self.shard, self.group_size, self.max_steps = shard, int(plan.group_size), int(plan.max_steps)
-        N = shard.env.num_envs
+        self.shard, self.rows = shard, shard.rows
+        self.group_size, self.max_steps = int(plan.group_size), int(plan.max_steps)
+        N = shard.rows.env.num_envs
         groups = N // self.group_size
         if (plan.keep_groups is not None and not 1 <= plan.keep_groups <= groups) or plan.max_rounds < 1:
             raise ValueError(
                 f"keep_groups must be in 1..{groups} (the groups of a round) and max_rounds >= 1, "
                 f"got {plan.keep_groups} and {plan.max_rounds}"
             )
-        self.order = group_order(N, self.group_size, len(shard.env.task_names))
+        self.order = group_order(N, self.group_size, len(self.rows.env.task_names))
         self.active = torch.ones(N, dtype=torch.bool)
         self.episode_return = torch.zeros(N)
         self.episode_length = torch.zeros(N, dtype=torch.int64)
         self.finished_at = torch.full((N,), -1, dtype=torch.int64)
         self.success = torch.zeros(N, dtype=torch.bool)
-        self.reports_success = shard.env.defines_success is True  # else: once a report carries it
+        self.reports_success = self.rows.env.defines_success is True  # else: once a report carries it
 
     def begin(self) -> Obs:
-        obs = group_reset(self.shard, self.group_size, self.shard.group_rounds, self.order)
-        self.shard.group_rounds += 1
+        obs = group_reset(self.rows, self.group_size, self.rows.group_rounds, self.order)
+        self.rows.group_rounds += 1
         self.chunk = ChunkBuffer(self.shard, obs, self.max_steps)
         return obs
 
@@ -403,7 +383,7 @@ class GroupEnding(Ending):
     def after_step(self, t: int, step: Step, bad: torch.Tensor | None) -> None:
         active = self.active
         if bad is not None:
-            self.chunk.nonfinite += self.shard.restart_rows(step, bad)
+            self.chunk.nonfinite += self.rows.restart_rows(step, bad)
             dropped = active & bad
             if bool(dropped.any()):  # the row's whole episode leaves the round
                 self.chunk.mask[:t, dropped] = False
@@ -428,7 +408,7 @@ class GroupEnding(Ending):
         self.finished_at[ending] = t
         active &= ~ending
         self.chunk.record(t, step)
-        self.shard.steps_done += 1
+        self.rows.steps_done += 1
 
     def result(self, steps: int, obs: Obs) -> RolloutChunk:
         N, finished = self.active.numel(), self.finished_at >= 0
@@ -491,33 +471,33 @@ def group_order(num_envs: int, group_size: int, tasks: int) -> torch.Tensor | No
     return torch.arange(num_envs).reshape(-1, tasks).T.reshape(-1)
 
 
-def group_reset(shard: Acting, group_size: int, round_index: int, order: torch.Tensor | None = None) -> Obs:
+def group_reset(rows: Rows, group_size: int, round_index: int, order: torch.Tensor | None = None) -> Obs:
     """Reset every row, group members from one shared seed; check their observations are equal.
 
-    Group ``g`` of round ``k`` resets from ``derive_seed(shard.seed, 6, g, k)``; its members are the rows
+    Group ``g`` of round ``k`` resets from ``derive_seed(rows.seed, 6, g, k)``; its members are the rows
     ``order[gG:(g+1)G]`` (``group_order``; None: rows ``[gG, (g+1)G)``).
     """
-    env, N, G = shard.env, shard.env.num_envs, int(group_size)
+    env, N, G = rows.env, rows.env.num_envs, int(group_size)
     if G < 2 or N % G:
         raise ValueError(f"group_size must be >= 2 and divide num_envs ({N}), got {G}")
     if not getattr(env, "seeded_reset", True):
         raise GroupResetError(
-            f"{shard.env_id} does not guarantee equal initial states for equal reset seeds "
+            f"{rows.env_id} does not guarantee equal initial states for equal reset seeds "
             "(seeded_reset is False), so GRPO groups cannot share a start; use PPO for this env."
         )
     order = torch.arange(N) if order is None else order
     place = torch.argsort(order).tolist()  # each row's place in group order
-    seeds = [derive_seed(shard.seed, 6, place[row] // G, round_index) for row in range(N)]
+    seeds = [derive_seed(rows.seed, 6, place[row] // G, round_index) for row in range(N)]
     obs = env.reset_rows(torch.arange(N), seeds)
-    if shard.memory is not None:
-        shard.memory.restart(torch.arange(N))
+    if rows.memory is not None:
+        rows.memory.restart(torch.arange(N))
     for name, value in obs.items():
         grouped = value[order].reshape(N // G, G, -1)
         same = (grouped == grouped[:, :1]).all(-1).all(-1)
         if not bool(same.all()):
             g = int((~same).nonzero()[0])
             raise GroupResetError(
-                f"{shard.env_id}: the members of group {g} (rows {order[g * G : g * G + G].tolist()}) reset with the "
+                f"{rows.env_id}: the members of group {g} (rows {order[g * G : g * G + G].tolist()}) reset with the "
                 f"same seed but got different '{name}' observations; the env does not honour reset seeds, so "
                 "GRPO cannot be used with it."
             )
@@ -542,12 +522,13 @@ class EvalEnding(Ending):
     when the env ends it.
     """
 
-    def __init__(self, shard: Acting, plan: EvalEpisodes):
-        N = shard.env.num_envs
+    def __init__(self, shard: ShardView, plan: EvalEpisodes):
+        env = shard.rows.env
+        N = env.num_envs
         if len(plan.quotas) != N:
             raise ValueError(f"{len(plan.quotas)} quotas for {N} rows")
         self.shard, self.plan = shard, plan
-        self.by_index = getattr(shard.env, "resets_rows", True)  # False: per-row keys (see the class docstring)
+        self.by_index = getattr(env, "resets_rows", True)  # False: per-row keys (see the class docstring)
         self.rows = N if plan.rows is None else int(plan.rows)
         self.first = torch.arange(N) + plan.row_offset  # each row's first episode index: its global row
         self.played = torch.zeros(N, dtype=torch.int64)  # each row's episodes ended or cut: it plays the next
@@ -558,11 +539,11 @@ class EvalEnding(Ending):
         self.results: list[tuple[dict, dict]] = []
         self.excluded = 0
         self.policy: EvalPolicy = (
-            shard.learned_policy(plan.deterministic) if plan.policy is None else scripted_policy(plan.policy, shard.env)
+            shard.acting.policy(plan.deterministic) if plan.policy is None else scripted_policy(plan.policy, env)
         )
-        self.trajectories = Trajectories(shard.env) if plan.trajectories else None
+        self.trajectories = Trajectories(env) if plan.trajectories else None
         if self.trajectories is not None and not self.by_index:
-            raise ValueError(f"{shard.env_id}: recording episodes needs an env that resets single rows")
+            raise ValueError(f"{self.shard.rows.env_id}: recording episodes needs an env that resets single rows")
 
     def episode(self, row: int) -> int:
         """The index j of ``row``'s running episode."""
@@ -580,18 +561,17 @@ class EvalEnding(Ending):
         self.episode_step[rows] = 0
         if self.trajectories is not None:
             self.trajectories.restart(rows)
-        if self.shard.memory is not None:
-            self.shard.memory.restart(torch.tensor(rows, dtype=torch.int64))
+        if self.shard.rows.memory is not None:
+            self.shard.rows.memory.restart(torch.tensor(rows, dtype=torch.int64))
         if not self.by_index:
             return None
         seeds = [self.seed_of(j) for j in episodes]
-        return self.shard.env.reset_rows(torch.tensor(rows, dtype=torch.int64), seeds)
+        return self.shard.rows.env.reset_rows(torch.tensor(rows, dtype=torch.int64), seeds)
 
     def begin(self) -> Obs:
-        obs = self.start(list(range(self.shard.env.num_envs)))
-        return (
-            self.shard.env.reset(derive_seed(self.plan.seed, EVAL_BATCH, self.plan.row_offset)) if obs is None else obs
-        )
+        env = self.shard.rows.env
+        obs = self.start(list(range(env.num_envs)))
+        return env.reset(derive_seed(self.plan.seed, EVAL_BATCH, self.plan.row_offset)) if obs is None else obs
 
     def running(self, t: int) -> bool:
         stop_after = self.plan.stop_after
@@ -650,7 +630,7 @@ class EvalEnding(Ending):
 
     def result(self) -> tuple[list[tuple[dict, dict]], int, Scoring]:
         """The counted ``(record, report)`` pairs, the episodes left out, and how to count them."""
-        return self.results, self.excluded, Scoring.of(self.shard.env)
+        return self.results, self.excluded, Scoring.of(self.shard.rows.env)
 
     def _record(self, row: int, t: int, step: Step, report: dict) -> tuple[dict, dict]:
         episode = self.episode(row)
@@ -663,8 +643,8 @@ class EvalEnding(Ending):
             "truncated": bool(step.truncated[row]),
             **report,
         }
-        if "task" in report and self.shard.env.task_names:  # the env's tensors hold an index, the records a name
-            record["task"] = self.shard.env.task_names[int(report["task"])]
+        if "task" in report and self.shard.rows.env.task_names:  # the env's tensors hold an index, the records a name
+            record["task"] = self.shard.rows.env.task_names[int(report["task"])]
         if self.trajectories is not None:
             record["trajectory"] = self.trajectories.take(row, step)
         return record, report

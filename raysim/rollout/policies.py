@@ -57,7 +57,7 @@ class LearnedPolicy:
 class ServedPolicy:
     """The learned actor on a policy server (``shards.placement: servers``): each row computed alone there, as
     ``LearnedPolicy`` computes it, from the draws made here (a stochastic evaluation's keyed noise). ``ask``: the
-    shard's request for its rows' actions (``EnvShard.ask``)."""
+    shard's request for its rows' actions (``Served.ask``)."""
 
     def __init__(self, ask: Callable[..., torch.Tensor], sampling: ActionSampling, deterministic: bool):
         self.ask, self.sampling, self.deterministic = ask, sampling, deterministic

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from raysim.envs.contract import Obs, Step
-from raysim.rollout.endings import Acting, Ending, EvalEnding, EvalEpisodes
+from raysim.rollout.endings import Ending, EvalEnding, EvalEpisodes, ShardView
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Part:
 class RecordedEval(Ending):
     """``EvalEnding`` in parts of a few steps each (``next_part``), drawing each row before each step."""
 
-    def __init__(self, shard: Acting, plan: EvalEpisodes):
+    def __init__(self, shard: ShardView, plan: EvalEpisodes):
         self.shard = shard
         self.evaluation = EvalEnding(shard, plan)
         self.t = 0  # steps of the evaluation played, over all parts
@@ -77,7 +77,7 @@ class RecordedEval(Ending):
         if self.size is None:
             return
         idle = (self.evaluation.played >= self.evaluation.quota).view(-1, 1, 1, 1)  # rows past their quota: blank
-        self.pictures.append(self.shard.env.frames(self.size).cpu().masked_fill(idle, 0))
+        self.pictures.append(self.shard.rows.env.frames(self.size).cpu().masked_fill(idle, 0))
 
     def act(self, t: int, obs: Obs) -> torch.Tensor:
         return self.evaluation.act(self.t, obs)

@@ -3,10 +3,11 @@
 In the ``servers`` placement a training or evaluation shard is an *env worker*: an ``EnvShard`` that keeps its env
 rows, observation functors, episode bookkeeping, the rows' recurrent state and a teacher, but no actor weights. At
 each step it draws its rows' noise from its own generator exactly as a collocated shard draws it
-(``ActionSampling.draws``) and asks its server for the actions (``ActRequest``); the server answers with the actions,
-their log-probabilities and the rows' next recurrent state (``ActReply``). The worker builds the chunk, so the chunk
-that reaches the learner is the same object in both placements, and a server that serves one worker returns
-bitwise the chunks of a collocated shard (its batch is the worker's rows, computed by the same operations).
+(``ActionSampling.draws``) and asks its server for the actions (``ActRequest``; ``raysim.rollout.acting.Served``); the
+server answers with the actions, their log-probabilities and the rows' next recurrent state (``ActReply``). The
+worker builds the chunk, so the chunk that reaches the learner is the same object in both placements, and a server
+that serves one worker returns bitwise the chunks of a collocated shard (its batch is the worker's rows, computed by
+the same operations).
 
 A server is stateless but for the weights: it keeps the last ``keep`` versions, each known by ``(timeline,
 version)`` (``Learner.get_weights``); the coordinator loads each version into every server once (``load``) and the
@@ -105,7 +106,7 @@ class PolicyServer:
         self.spaces, self.action_space = observation_spaces, action_space
         self.model = model if isinstance(model, ModelConfig) else ModelConfig(**model)
         self.device, self.keep = resolve_device(device, "servers.device"), max(1, int(keep))
-        self.versions: OrderedDict[WeightsKey, Acting] = OrderedDict()
+        self.versions: OrderedDict[WeightsKey, HeldActor] = OrderedDict()
         self.lock = threading.Lock()  # one batch at a time (a pipelined worker's groups ask from threads)
 
     def load(self, weights: dict[str, Any]) -> WeightsKey:
@@ -121,7 +122,7 @@ class PolicyServer:
             else:
                 actor = Actor(self.spaces, self.action_space, self.model).to(self.device).requires_grad_(False)
             actor.load_state_dict(weights["actor"])
-            self.versions[key] = Acting(actor)
+            self.versions[key] = HeldActor(actor)
         return key
 
     def held(self) -> list[WeightsKey]:
@@ -159,7 +160,7 @@ class PolicyServer:
         return reply
 
 
-class Acting:
+class HeldActor:
     """One version's actor on a server: the fused MLP path where the collocated shard takes it (bitwise the same
     values), the actor's own forward otherwise (images, evaluation by row)."""
 
