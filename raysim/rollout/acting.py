@@ -1,12 +1,12 @@
 """How a shard's rows get their actions: one small interface, ``Acting``, and its kinds.
 
-An ``EnvShard`` is its rows (``raysim.rollout.rows``) and one ``Acting``; the endings of its acting loop
-(``raysim.rollout.endings``) ask it for actions::
+An ``EnvShard`` is its rows (``raysim.rollout.rows``) and an ``OwnActor`` or a ``Served``: it loads their weights
+(``set_weights``) and opens each acting run with ``run()``; the endings of its acting loop
+(``raysim.rollout.endings``) ask the ``Acting`` for actions::
 
-    with acting.run():                                    # one acting run (the actor in inference mode)
-        action = acting.sample(obs, actions[t], logp[t])  # a training step's, sampled into the chunk's buffers
-    chunk.memory[T] = acting.peek(obs[T])                 # a recurrent actor's output at the chunk's last obs
-    policy = acting.policy(deterministic)                 # what an evaluation plays (raysim.rollout.policies)
+    action = acting.sample(obs, actions[t], logp[t])  # a training step's, sampled into the chunk's buffers
+    chunk.memory[T] = acting.peek(obs[T])             # a recurrent actor's output at the chunk's last observation
+    policy = acting.policy(deterministic)             # what an evaluation plays (raysim.rollout.policies)
 
 - ``OwnActor``: the shard's own CPU copy of the actor (``shards.placement: collocated``);
 - ``Served``: the actor on a policy server (``servers``): the draws made here, the actions computed there;

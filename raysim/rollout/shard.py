@@ -98,6 +98,7 @@ class EnvShard:
         rows = Rows(env_id, num_envs, seed, env_kwargs, shard_index, on_nonfinite, frame_stack, evaluation, success)
         spaces, action_space = rows.env.observation_spaces, rows.env.action_space
         model = model if isinstance(model, ModelConfig) else ModelConfig(**(model or {}))
+        self.acting: OwnActor | Served
         if server is None:
             self.acting = OwnActor(Actor(spaces, action_space, model), rows)
         else:
