@@ -483,7 +483,8 @@ def add_bench(commands, common) -> None:
     bench.add_argument(
         "name",
         choices=(
-            "collect solve scale mujoco atari metaworld finetune distill startup store serving placement sinks rllib"
+            "collect solve scale mujoco atari metaworld finetune distill startup store serving placement sinks rllib "
+            "sac"
         ).split(),
         help="collect: rollout collection latency against peers; solve: time to solve CartPole; "
         "scale: env steps/s against shards, lockstep and overlapped; startup: start-up against Ray's floor; "
@@ -497,7 +498,8 @@ def add_bench(commands, common) -> None:
         "placement: collocated shards against env workers + a policy server: policy bytes held and moved, USS, "
         "env steps/s; sinks: training env steps/s with the Parquet sink alone and with W&B as well; "
         "rllib: raysim's PPO beside RLlib's on the same tasks, budgets and placement: env steps/s, time to solve, "
-        "returns, memory",
+        "returns, memory; sac: raysim's SAC beside CleanRL's on Hopper (returns, wall-clock), the update's cost with 2 "
+        "and 10 critics, RLPD on pick-place-v3 from 5 demonstrations",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark (--help for its own)")
     bench.set_defaults(run=bench_command)

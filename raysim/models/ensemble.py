@@ -2,9 +2,10 @@
 
 One batched matrix product per layer computes every critic at once (``torch.baddbmm``), where a loop over N
 ``nn.Linear`` stacks runs N small products per layer: the cost of 10 critics stays well under 5x that of 2
-(measured: ``raysim bench sac-update``). Each critic is initialised as ``nn.Linear`` initialises a layer, from the
-caller's RNG, so an ensemble of one is an MLP. With ``layer_norm`` every hidden layer is followed by a layer
-normalisation (RLPD's critics), with a gain and bias per critic.
+(measured: ``raysim bench sac --rows update-cost``, against that loop, ``raysim.bench.sac.QLoop``). Each critic is
+initialised as ``nn.Linear`` initialises a layer, from the caller's RNG, so an ensemble of one is an MLP. With
+``layer_norm`` every hidden layer is followed by a layer normalisation (RLPD's critics), with a gain and bias per
+critic.
 """
 
 from __future__ import annotations
@@ -55,25 +56,3 @@ class QEnsemble(nn.Module):
                     h = nn.functional.layer_norm(h, h.shape[-1:]) * gain.unsqueeze(1) + shift.unsqueeze(1)
                 h = self.activation(h)
         return h.squeeze(-1)
-
-
-class QLoop(nn.Module):
-    """The same critics as separate ``nn.Linear`` stacks evaluated one after another: the baseline the batched
-    ``QEnsemble`` is measured against (``raysim bench sac-update``); the same function and initialisation."""
-
-    def __init__(self, critics: int, in_dim: int, hidden_sizes: list[int], activation: str, layer_norm: bool):
-        super().__init__()
-        sizes = [in_dim, *hidden_sizes, 1]
-        nets = []
-        for _ in range(critics):
-            layers: list[nn.Module] = []
-            for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
-                layers.append(nn.Linear(fan_in, fan_out))
-                if fan_out != 1:
-                    layers += [nn.LayerNorm(fan_out)] if layer_norm else []
-                    layers.append(ACTIVATIONS[activation]())
-            nets.append(nn.Sequential(*layers))
-        self.nets = nn.ModuleList(nets)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([net(x).squeeze(-1) for net in self.nets])
