@@ -22,11 +22,13 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 SHELL_OPERATORS = {"&", "&&", "|", "||", ";"}  # the command ends there (what follows is another)
 CHECKPOINT = re.compile(r"runs/(\w+)/checkpoints/(\d+)\b")
+MESSAGE = re.compile(r"raysim(?: [\w-]+)+: ")  # what a command printed (``raysim bench sac: ...``), not a command
 
 
 def shown_commands() -> list[tuple[str, list[str]]]:
     """``(page:line, argv)`` of every ``raysim`` command in a code block of the pages (continuations joined,
-    comments and a ``$`` prompt dropped), but those a page shows failing: the block after theirs is the error."""
+    comments and a ``$`` prompt dropped), but those a page shows failing (the block after theirs is the error) and
+    the messages a command printed (``raysim bench sac: ...``)."""
     found = []
     for page in PAGES:
         text = page.read_text()
@@ -38,7 +40,7 @@ def shown_commands() -> list[tuple[str, list[str]]]:
             lines = block.group(1).replace("\\\n", " ").splitlines()
             for offset, line in enumerate(lines):
                 line = line.strip().removeprefix("$ ")
-                if not line.startswith("raysim "):
+                if not line.startswith("raysim ") or MESSAGE.match(line):
                     continue
                 try:
                     argv = shlex.split(line, comments=True)
