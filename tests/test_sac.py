@@ -14,10 +14,12 @@ import pytest
 import torch
 
 import raysim
-from raysim.algos.sac import squashed_sample
+from raysim.algos.sac import SAC, squashed_sample
 from raysim.checkpoint import Checkpoints
 from raysim.cli import main
 from raysim.coordinator import faults
+from raysim.coordinator.demonstrations import record_demonstrations
+from raysim.demos import load_demonstrations
 from raysim.learner.learner import Learner
 from raysim.models import ModelConfig
 from raysim.records import read_metrics
@@ -201,3 +203,57 @@ def test_a_sac_learner_that_dies_is_restarted_with_its_replay_buffer_and_the_run
     assert fault.fired and "restarted it from the last completed iteration 5;" in capsys.readouterr().out
     assert summary.env_steps == 160
     assert_same_sac_run(run_dir, straight_sac)
+
+
+@pytest.fixture(scope="module")
+def reach_demos(tmp_path_factory):
+    """4 episodes of Reach (20 steps each) by random actions, recorded as a Minari dataset: RLPD's demonstrations."""
+    pytest.importorskip("minari")
+    root = tmp_path_factory.mktemp("rlpd")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINARI_DATASETS_PATH", str(root))
+        overrides = [*TINY[:-1], "env.kwargs={max_episode_steps: 20}", "backend=local"]
+        record_demonstrations("raysim/reach-random-v0", 4, config="hopper_sac", policy="random", overrides=overrides)
+    return root
+
+
+def test_rlpd_draws_demo_fraction_of_every_batch_from_the_demonstrations(tmp_path, reach_demos, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(reach_demos))
+    rlpd = [
+        "env.kwargs={max_episode_steps: 20}",
+        "algo.demonstrations=raysim/reach-random-v0",
+        "algo.demo_fraction=0.25",
+    ]
+    summary = raysim.Trainer(config_of(tmp_path / "run", *rlpd, "eval.episodes=0")).train()
+    table = read_metrics(open_storage(summary.run_dir))
+    assert all(r["demo_fraction"] == 0.25 for r in table) and summary.env_steps == 160
+    # one batch on a learner: 8 of its 32 transitions are demonstrated steps, 24 come from the buffer
+    shard = EnvShard("raysim/Reach", 1, seed=0, model=SAC.model_defaults())
+    spaces = shard.spaces()[:2]
+    demos = load_demonstrations("raysim/reach-random-v0", *spaces, action_transform="squash", transitions=True)
+    model = ModelConfig(**SAC.model_defaults(), hidden_sizes=[8])
+    algo = config_of(tmp_path / "x", *rlpd, "algo.learning_starts=0").algo
+    learner = Learner(*spaces, model, algo, horizon=1, replay_capacity=100, demonstrations=demos)
+    learner.update(shard.rollout(learner.get_weights(), FixedSteps(16)))
+    batch = learner.algorithm.sample(torch.Generator().manual_seed(0))
+    demonstrated = (batch["obs"]["policy"].unsqueeze(1) == demos.obs["policy"].unsqueeze(0)).all(-1).any(1)
+    assert int(demonstrated.sum()) == 8 and batch["reward"].shape == (32,)
+
+
+def test_a_lockstep_rlpd_run_stopped_and_resumed_is_bitwise_the_uninterrupted_one(tmp_path, reach_demos, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(reach_demos))
+    rlpd = ["env.kwargs={max_episode_steps: 20}", "algo.demonstrations=raysim/reach-random-v0", "checkpoint.every=3"]
+    raysim.Trainer(config_of(tmp_path / "straight", *rlpd)).train()
+    assert raysim.Trainer(config_of(tmp_path / "resumed", *rlpd, "train.stop_after=4")).train().iterations == 4
+    raysim.Trainer.from_run_dir(tmp_path / "resumed").train()
+    assert_same_sac_run(tmp_path / "resumed", tmp_path / "straight")
+
+
+def test_demonstrations_whose_actions_do_not_fit_the_env_are_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    record_demonstrations("raysim/cartpole-random-v0", 1, config="cartpole_ppo", policy="random", backend="local")
+    sets = [item for o in [*TINY[:-1], "algo.demonstrations=raysim/cartpole-random-v0"] for item in ("--set", o)]
+    assert main(["train", "hopper_sac", "--local", *sets, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "raysim/cartpole-random-v0" in err[0] and "action" in err[0], err

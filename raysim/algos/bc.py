@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from raysim.algos.base import Algorithm, Collectives
-from raysim.algos.epochs import Batch, run_epochs, select
+from raysim.algos.epochs import Batch, run_epochs
 from raysim.algos.guard import GuardedStep
+from raysim.algos.sources import Dataset
 from raysim.models import Actor, ActorCritic
 from raysim.models.normalizer import moments
 from raysim.rollout import RolloutChunk
@@ -112,9 +113,7 @@ class BC(Algorithm):
 
     def __init__(self, config: BCConfig, model: ActorCritic, ranks: Collectives):
         super().__init__(config, model, ranks)
-        self.demos = None  # this rank's share of the dataset (``attach``)
-        self.order = torch.zeros(0, dtype=torch.int64)  # the current pass over the share, and where it stands
-        self.position = 0
+        self.demos: Dataset | None = None  # this rank's share of the dataset (``attach``), drawn in passes
 
     @classmethod
     def collection(cls, config: BCConfig) -> None:
@@ -139,20 +138,8 @@ class BC(Algorithm):
             if network is not None and network.obs_norm is not None:
                 features = network.vector_input({g: demonstrations.obs[g] for g in network.vector_groups})
                 network.obs_norm.merge(moments(features.to(network.obs_norm.mean.device)))
-        self.demos = demonstrations.split(self.ranks.rank, self.ranks.world_size)
-
-    def sample(self, size: int, generator: torch.Generator) -> torch.Tensor:
-        """``size`` step indices of this rank's share, passes over it in shuffled order (sampling without
-        replacement within a pass)."""
-        taken = []
-        while size > 0:
-            if self.position >= self.order.numel():
-                self.order, self.position = torch.randperm(self.demos.steps, generator=generator), 0
-            part = self.order[self.position : self.position + size]
-            self.position += part.numel()
-            size -= part.numel()
-            taken.append(part)
-        return torch.cat(taken)
+        share = demonstrations.split(self.ranks.rank, self.ranks.world_size)
+        self.demos = Dataset({"obs": share.obs, "actions": share.actions})
 
     def update(
         self, chunks: list[RolloutChunk], step: GuardedStep, generator: torch.Generator
@@ -167,8 +154,7 @@ class BC(Algorithm):
         remaining = config.updates - self.version * per_iteration
         if remaining < per_iteration:
             config = dataclasses.replace(config, num_minibatches=max(1, remaining), update_epochs=1)
-        index = self.sample(config.num_minibatches * config.batch_size, generator)
-        batch = select({"obs": self.demos.obs, "actions": self.demos.actions}, index)
+        batch = self.demos.sample(config.num_minibatches * config.batch_size, generator)
         device = self.ranks.device
         batch = {"obs": {g: v.to(device) for g, v in batch["obs"].items()}, "actions": batch["actions"].to(device)}
         return run_epochs(self.loss, self.loss_terms, step, batch, config, generator)
@@ -177,8 +163,9 @@ class BC(Algorithm):
         return bc_loss(self.model, minibatch, self.config)
 
     def state_dict(self) -> dict:
-        return {"bc_order": self.order.clone(), "bc_position": self.position}
+        drawn = self.demos.state_dict() if self.demos is not None else {"order": torch.zeros(0), "position": 0}
+        return {"bc_order": drawn["order"], "bc_position": drawn["position"]}
 
     def load_state_dict(self, state: dict) -> None:
-        if "bc_order" in state:
-            self.order, self.position = torch.as_tensor(state["bc_order"]), int(state["bc_position"])
+        if "bc_order" in state and self.demos is not None:
+            self.demos.load_state_dict({"order": state["bc_order"], "position": state["bc_position"]})

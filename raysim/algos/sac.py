@@ -38,6 +38,7 @@ from raysim.algos.base import Algorithm, Collectives
 from raysim.algos.epochs import Batch
 from raysim.algos.guard import GuardedStep
 from raysim.algos.replay import ReplayBuffer, Transitions, chunk_transitions, concat_transitions, size_of
+from raysim.algos.sources import Dataset
 from raysim.envs.spaces import is_image_space
 from raysim.models import ActorCritic
 from raysim.models.ensemble import QEnsemble
@@ -62,6 +63,12 @@ class SACConfig:
     learning_starts: int = setting(5000, help="first env steps of uniform random actions, without updates", low=0)
     policy_frequency: int = setting(
         2, help="the actor and alpha are updated every this many gradient steps, that many times (CleanRL's)", low=1
+    )
+    actor_warmup_steps: int = setting(
+        0,
+        help="first env steps in which only the critics learn (the actor and alpha stay as loaded: a pretrained "
+        "actor, model.init_from, is not moved by critics that do not know its values yet)",
+        low=0,
     )
     critics: int = setting(2, help="Q networks in the ensemble", low=1)
     critic_subset: int = setting(2, help="the target is the minimum over this many critics drawn at random", low=1)
@@ -156,7 +163,7 @@ class SAC(Algorithm):
         self.groups = list(settings.actor_inputs)
         self.q_groups = critic_groups(spaces, settings.critic_inputs, settings.actor_inputs)
         self.replay: ReplayBuffer | None = None  # the learner's (``use_replay``)
-        self.demos: Transitions | None = None  # RLPD's (``attach``)
+        self.demos: Dataset | None = None  # RLPD's (``attach``), drawn in passes
         width = model.actor.sampling.width
         q_in = sum(math.prod(spaces[g].shape or (1,)) for g in self.q_groups) + width
         self.qf = QEnsemble(config.critics, q_in, settings.hidden_sizes, settings.activation, config.layer_norm)
@@ -197,7 +204,8 @@ class SAC(Algorithm):
 
     def attach(self, demonstrations: Any) -> None:
         """RLPD: this rank's share of the demonstrations (``raysim.demos.Demonstrations`` with its transitions)."""
-        self.demos = demonstrations.split(self.ranks.rank, self.ranks.world_size).transitions(self.groups_read())
+        share = demonstrations.split(self.ranks.rank, self.ranks.world_size)
+        self.demos = Dataset(share.transitions(self.groups_read()))
 
     def groups_read(self) -> list[str]:
         """The observation groups the actor or the critics read: what a transition keeps."""
@@ -288,7 +296,8 @@ class SAC(Algorithm):
         qf_loss, metrics = self.qf_loss(batch, generator)
         self.q_step(qf_loss, {"qf_loss": qf_loss}, samples)
         self.gradient_steps += 1
-        if self.gradient_steps % self.config.policy_frequency == 0:
+        warming_up = self.env_steps < self.config.actor_warmup_steps
+        if self.gradient_steps % self.config.policy_frequency == 0 and not warming_up:
             for _ in range(self.config.policy_frequency):
                 actor_loss, log_prob = self.actor_loss(batch, generator)
                 step(actor_loss, {"actor_loss": actor_loss}, samples)
@@ -308,13 +317,7 @@ class SAC(Algorithm):
         share, demos = self.rank_batch(), self.demo_share()
         parts = [self.replay.sample(share - demos, generator)]
         if demos:
-            index = torch.randint(size_of(self.demos), (demos,), generator=generator)
-            parts.append(
-                {
-                    k: ({g: t[index] for g, t in v.items()} if isinstance(v, dict) else v[index])
-                    for k, v in self.demos.items()
-                }
-            )
+            parts.append(self.demos.sample(demos, generator))
         batch = concat_transitions(parts)
         device = self.ranks.device
         return {
@@ -351,6 +354,7 @@ class SAC(Algorithm):
                 "carry": self.carry,
                 "gradient_steps": self.gradient_steps,
                 "skipped": [self.q_step.skipped, self.q_step.consecutive, self.a_step.skipped, self.a_step.consecutive],
+                **({"demos": self.demos.state_dict()} if self.demos is not None else {}),
             }
         }
 
@@ -365,6 +369,8 @@ class SAC(Algorithm):
             self.log_alpha.copy_(torch.as_tensor(saved["log_alpha"]))
         self.a_optimizer.load_state_dict(saved["a_optimizer"])
         self.carry, self.gradient_steps = float(saved["carry"]), int(saved["gradient_steps"])
+        if self.demos is not None and "demos" in saved:
+            self.demos.load_state_dict(saved["demos"])
         self.q_step.skipped, self.q_step.consecutive, self.a_step.skipped, self.a_step.consecutive = (
             int(n) for n in saved["skipped"]
         )
