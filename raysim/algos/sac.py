@@ -83,6 +83,9 @@ class SACConfig:
         low=0,
     )
     autotune: bool = setting(True, help="learn alpha toward target_entropy")
+    backup_entropy: bool = setting(
+        True, help="the critics' target includes the next action's entropy bonus (false: RLPD's option, sparse rewards)"
+    )
     target_entropy: float | None = setting(None, help="the entropy alpha aims for (null: -dim(A))")
     demonstrations: str = setting("", help="RLPD: a dataset of demonstrations (as algo.dataset of bc); '' for none")
     demo_fraction: float = setting(
@@ -234,7 +237,9 @@ class SAC(Algorithm):
             if self.config.critic_subset < self.config.critics:
                 subset = torch.randperm(self.config.critics, generator=generator)[: self.config.critic_subset]
                 target_q = target_q[subset.to(target_q.device)]
-            min_qf_next_target = target_q.min(0).values - alpha * next_log_prob
+            min_qf_next_target = target_q.min(0).values
+            if self.config.backup_entropy:
+                min_qf_next_target = min_qf_next_target - alpha * next_log_prob
             not_done = 1.0 - batch["terminated"].float()
             next_q_value = batch["reward"] + not_done * self.config.gamma * min_qf_next_target
         qf_values = self.qf(self.q_input(batch["obs"], torch.tanh(batch["actions"])))

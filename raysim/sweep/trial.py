@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from raysim.algos import algorithm_class
 from raysim.checkpoint import MANIFEST, Checkpoints, load_directory
 from raysim.composition import ConfigError
 from raysim.config import Config
@@ -34,7 +35,9 @@ def trial_config(base: dict, values: dict[str, Any], run_dir: str, metric: str) 
 
     What a sweep changes: no console sink (Tune's table is the live view); a checkpoint at every log
     step (each report hands Tune one); where the metric is an evaluation metric and the config sets no
-    periodic evaluation, an evaluation at every log step (so every report carries the metric).
+    periodic evaluation, an evaluation at every log step (so every report carries the metric); an off-policy
+    algorithm's replay buffer is not saved (``replay.save: false``: a Tune checkpoint is a checkpoint's folder
+    alone, and the segments live beside the checkpoints, so a trial continued from one refills its buffer).
     """
     data = copy.deepcopy(base)
     data["run_dir"] = run_dir
@@ -42,6 +45,8 @@ def trial_config(base: dict, values: dict[str, Any], run_dir: str, metric: str) 
     train["sinks"] = [s for s in train.get("sinks", ["parquet", "tensorboard"]) if s != "console"]
     log_every = int(train.get("log_every", 1))
     data.setdefault("checkpoint", {})["every"] = log_every
+    if algorithm_class((data.get("algo") or {}).get("name", "ppo")).off_policy:
+        data.setdefault("replay", {})["save"] = False
     evaluation = data.setdefault("eval", {})
     if metric.startswith("eval_") and not (evaluation.get("every") or evaluation.get("every_steps")):
         evaluation["every"] = log_every
