@@ -6,7 +6,7 @@ against it by a test, so neither can drift from what the loader accepts.
 
 from __future__ import annotations
 
-from raysim.algos import BC, GRPO, PPO, Distill
+from raysim.algos import BC, GRPO, PPO, SAC, Distill
 from raysim.config import Config
 from raysim.envs.atari import AtariPreset
 from raysim.schema import reference
@@ -19,13 +19,13 @@ def sections() -> list[tuple[str, list[tuple[str, str, str, str, str]]]]:
     algorithm's ``algo`` section."""
     rows = reference(Config)
     titled = [("run", [r for r in rows if "." not in r[0]])]
-    for section in ("env", "shards", "servers", "model", "learner", "train", "eval", "checkpoint"):
+    for section in ("env", "shards", "servers", "model", "learner", "train", "eval", "checkpoint", "replay"):
         titled.append((section, [r for r in rows if r[0].startswith(f"{section}.")]))
         if section == "env":
             titled.append(
                 ("env.kwargs.atari (the Atari preset of gym: Atari ids)", reference(AtariPreset, "env.kwargs.atari."))
             )
-    for algorithm in (PPO, GRPO, BC, Distill):
+    for algorithm in (PPO, GRPO, BC, Distill, SAC):
         titled.append((f"algo ({algorithm.name})", reference(algorithm.Config, "algo.")))
     return titled
 

@@ -88,6 +88,12 @@ class SACConfig:
     )
     target_entropy: float | None = setting(None, help="the entropy alpha aims for (null: -dim(A))")
     demonstrations: str = setting("", help="RLPD: a dataset of demonstrations (as algo.dataset of bc); '' for none")
+    bc_coef: float = setting(
+        0.0,
+        help="RLPD with a pull toward the demonstrations: the actor's loss adds this times the squared error between "
+        "its mean action and the demonstrated one on the batch's demonstrated rows, in the env's action (TD3+BC's term)",
+        low=0,
+    )
     demo_fraction: float = setting(
         0.5, help="RLPD: the share of every batch drawn from the demonstrations", low=0, high=1
     )
@@ -256,6 +262,12 @@ class SAC(Algorithm):
             self.qf.requires_grad_(True)
         qf_pi = qf_pi.min(0).values if self.config.actor_q == "min" else qf_pi.mean(0)
         actor_loss = (self.log_alpha.exp().detach() * log_prob - qf_pi).mean()
+        demos = self.demo_share()
+        if self.config.bc_coef > 0 and demos:  # the batch's last rows are the demonstrations' (``sample``)
+            demonstrated = {g: v[-demos:] for g, v in batch["obs"].items()}
+            mean = self.model.actor.mean_of(self.model.actor(demonstrated))
+            pull = (torch.tanh(mean) - torch.tanh(batch["actions"][-demos:])).square().sum(-1).mean()
+            actor_loss = actor_loss + self.config.bc_coef * pull
         return actor_loss, log_prob.detach()
 
     # -- the update ---------------------------------------------------------------------------------------------
