@@ -90,8 +90,8 @@ class SACConfig:
     demonstrations: str = setting("", help="RLPD: a dataset of demonstrations (as algo.dataset of bc); '' for none")
     bc_coef: float = setting(
         0.0,
-        help="RLPD with a pull toward the demonstrations: the actor's loss adds this times the squared error between "
-        "its mean action and the demonstrated one on the batch's demonstrated rows, in the env's action (TD3+BC's term)",
+        help="RLPD with a pull toward the demonstrations: the actor's loss adds this times the squared error "
+        "between its mean action and the demonstrated one on the batch's demonstrated rows (TD3+BC's term)",
         low=0,
     )
     demo_fraction: float = setting(
