@@ -44,8 +44,10 @@ def chunk_transitions(chunk: RolloutChunk, groups: list[str]) -> Transitions:
 
 
 def concat_transitions(parts: list[Transitions]) -> Transitions:
-    """Batches of transitions one after the other."""
+    """Batches of transitions one after the other (one batch: itself, not copied)."""
     first = parts[0]
+    if len(parts) == 1:
+        return first
     return {
         k: {g: torch.cat([p[k][g] for p in parts]) for g in first[k]}
         if isinstance(first[k], dict)

@@ -178,12 +178,12 @@ class SAC(Algorithm):
         self.qf = QEnsemble(config.critics, q_in, settings.hidden_sizes, settings.activation, config.layer_norm)
         self.qf.to(ranks.device)
         self.qf_target = copy.deepcopy(self.qf).requires_grad_(False)
-        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=config.q_lr)
+        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=config.q_lr, fused=True)
         self.q_step = GuardedStep(self.q_optimizer, config.max_grad_norm, config.max_nonfinite_updates, ranks)
         self.target_entropy = -float(width) if config.target_entropy is None else float(config.target_entropy)
         alpha = config.alpha if config.alpha is not None else (1.0 if config.autotune else 0.2)
         self.log_alpha = torch.tensor([math.log(max(alpha, 1e-8))], device=ranks.device, requires_grad=True)
-        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=config.q_lr)
+        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=config.q_lr, fused=True)
         self.a_step = GuardedStep(self.a_optimizer, math.inf, config.max_nonfinite_updates, ranks)
         self.carry = 0.0  # gradient steps owed but not taken (the fraction of updates_per_step x new steps)
         self.gradient_steps = 0  # taken over the run
@@ -323,8 +323,7 @@ class SAC(Algorithm):
                     self.a_step(alpha_loss, {"alpha_loss": alpha_loss}, samples)
             metrics.update(actor_loss=actor_loss.detach(), entropy=-log_prob.mean())
         with torch.no_grad():  # Polyak averaging: theta' <- tau theta + (1 - tau) theta'
-            for target, source in zip(self.qf_target.parameters(), self.qf.parameters(), strict=True):
-                target.lerp_(source, self.config.tau)
+            torch._foreach_lerp_(list(self.qf_target.parameters()), list(self.qf.parameters()), self.config.tau)
         metrics["alpha"] = self.log_alpha.exp().detach().squeeze(0)
         return metrics
 
@@ -337,6 +336,8 @@ class SAC(Algorithm):
             parts.append(self.demos.sample(demos, generator))
         batch = concat_transitions(parts)
         device = self.ranks.device
+        if device.type == "cpu":
+            return batch
         return {
             k: ({g: t.to(device) for g, t in v.items()} if isinstance(v, dict) else v.to(device))
             for k, v in batch.items()

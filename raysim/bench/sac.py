@@ -123,21 +123,23 @@ class Run:
     eval_episodes: int
     settings: tuple[str, ...]
     demonstrations: str | None = None
+    pretrained: str | None = None  # the rlpd row's BC run on the same demonstrations the actor starts from
 
     def key(self) -> tuple:
         fields = (self.row, self.side, self.config, self.seed, self.steps, self.eval_episodes, self.settings)
-        return (*fields, self.demonstrations)
+        return (*fields, self.demonstrations, self.pretrained)
 
     def overrides(self) -> tuple[str, ...]:
-        """raysim's config overrides of the run: its settings and its demonstrations."""
+        """raysim's config overrides of the run: its settings, its demonstrations and the actor it starts from."""
         demonstrations = () if self.demonstrations is None else (f"algo.demonstrations={self.demonstrations!r}",)
-        return (*self.settings, *demonstrations)
+        pretrained = () if self.pretrained is None else (f"model.init_from={self.pretrained}",)
+        return (*self.settings, *demonstrations, *pretrained)
 
 
 def line_key(line: dict) -> tuple:
     """The ``Run.key`` of a results line."""
     fields = ("row", "side", "config", "seed", "steps", "eval_episodes")
-    return (*(line[f] for f in fields), tuple(line["settings"]), line.get("demonstrations"))
+    return (*(line[f] for f in fields), tuple(line["settings"]), line.get("demonstrations"), line.get("pretrained"))
 
 
 # -- the critics as a loop: the baseline of the batched ensemble ----------------------------------------------------
@@ -186,12 +188,16 @@ def settings_of(side: str, args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def demonstrations_of(row: str, side: str, seed: int, args: argparse.Namespace) -> str | None:
-    """The rlpd row's dataset: the expert episodes ``raysim bench finetune`` records for the seed; none without."""
-    from raysim.bench.finetune import dataset_id
-
+    """The rlpd row's dataset: the expert's episodes of ``raysim bench finetune`` for the seed (its seed, so the same
+    goals and starts), recorded on the rlpd config's env (its reward); none without."""
     if row != RLPD:
         return None
-    return dataset_id(seed, args.demos) if side == RAYSIM else ""
+    return f"raysim/pick-place-v3/expert-{args.demos}-s{seed}-rlpd-v0" if side == RAYSIM else ""
+
+
+def pretrained_of(row: str, side: str, seed: int, args: argparse.Namespace) -> str | None:
+    """Where the rlpd row's actor starts (``--rlpd-bc``): BC on the seed's demonstrations with the config's model."""
+    return str(args.out / "bc" / f"s{seed}") if row == RLPD and side == RAYSIM and args.rlpd_bc else None
 
 
 def planned(args: argparse.Namespace) -> list[Run]:
@@ -212,11 +218,9 @@ def planned(args: argparse.Namespace) -> list[Run]:
             sides = [s for s in row.sides if s in args.sides and (seed == seeds[0] or s not in row.first_seed_only)]
             shift = turn % max(1, len(sides))
             for side in sides[shift:] + sides[:shift]:
-                demonstrations = demonstrations_of(name, side, seed, args)
+                starts = demonstrations_of(name, side, seed, args), pretrained_of(name, side, seed, args)
                 steps = args.steps or row.steps
-                runs.append(
-                    Run(name, side, config, seed, steps, every, episodes, settings_of(side, args), demonstrations)
-                )
+                runs.append(Run(name, side, config, seed, steps, every, episodes, settings_of(side, args), *starts))
             turn += 1
     return runs
 
@@ -362,9 +366,7 @@ def record(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     started, load_start, begin = now(), load(), time.perf_counter()
     memory = None
     if run.row == RLPD and run.side == RAYSIM:  # recorded once, here: the run's process finds them
-        from raysim.bench.finetune import record as record_demonstrations
-
-        record_demonstrations(run.seed, args.demos, args)
+        prepare_rlpd(run, args)
     if run.row == UPDATE_COST:
         result = update_cost(run, args)
     elif args.local:
@@ -394,6 +396,39 @@ def record(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         "load_start": load_start,
         "load_end": load(),
     }
+
+
+def prepare_rlpd(run: Run, args: argparse.Namespace) -> None:
+    """The rlpd run's demonstrations (the expert's episodes of ``raysim bench finetune``'s seed, recorded on the
+    run's env) and, with ``--rlpd-bc``, the BC run its actor starts from (the config's model, 100 evaluation
+    episodes), each made once."""
+    import raysim
+    from raysim.bench.finetune import BC_CONFIG
+    from raysim.coordinator.demonstrations import record_demonstrations
+    from raysim.demos.dataset import locate_dataset
+
+    try:
+        locate_dataset(run.demonstrations)
+    except Exception:  # noqa: BLE001 - not recorded yet
+        print(f"[recording {args.demos} expert episodes: {run.demonstrations}]", file=sys.stderr, flush=True)
+        overrides = list(run.settings)
+        record_demonstrations(
+            run.demonstrations,
+            args.demos,
+            config=run.config,
+            policy="expert",
+            seed=1000 + run.seed,
+            overrides=overrides,
+            backend="local",
+        )
+    if run.pretrained is None or Path(run.pretrained, "checkpoints").exists():
+        return
+    model = packaged(run.config, run.settings).model
+    keys = ("hidden_sizes", "activation", "action_transform", "log_std", "init_log_std")
+    overrides = [f"model.{key}={json.dumps(getattr(model, key))}" for key in keys]
+    overrides += [f"algo.dataset={run.demonstrations}", f"seed={run.seed}", "backend=local", "eval.episodes=100"]
+    print(f"[BC on {run.demonstrations}: {run.pretrained}]", file=sys.stderr, flush=True)
+    raysim.Trainer(raysim.load_config(BC_CONFIG, [*overrides, f"run_dir={run.pretrained}"])).train()
 
 
 def measure(args: argparse.Namespace, runs: list[Run]) -> int:
@@ -808,6 +843,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--override", action="append", default=[], help="raysim config override, repeatable")
     parser.add_argument("--rlpd-config", default=RLPD_CONFIG, help=f"the rlpd row's config (default {RLPD_CONFIG})")
     parser.add_argument("--demos", type=int, default=5, help="expert episodes of the rlpd row's demonstrations")
+    parser.add_argument(
+        "--rlpd-bc",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the rlpd row's actor starts from BC on the same demonstrations (model.init_from; default: yes)",
+    )
     parser.add_argument("--finetune-results", type=Path, default=FINETUNE_RESULTS, help="GRPO's recorded runs")
     parser.add_argument("--cost-steps", type=int, default=200, help="update cost: timed steps per variant and round")
     parser.add_argument("--cost-rounds", type=int, default=5, help="update cost: rounds of every variant in turn")
