@@ -171,15 +171,18 @@ def test_the_rlpd_row_records_the_seeds_demonstrations_and_sets_its_runs_beside_
     grpo = tmp_path / "finetune.jsonl"
     grpo.write_text("".join(json.dumps(line) + "\n" for line in finetune_lines()))
     argv = ["--rows", "rlpd", "--rlpd-config", str(stand_in(tmp_path)), "--demos", "1", "--seeds", "1", "--local"]
+    argv += ["--bc-updates", "20"]
     argv += ["--steps", "128", "--eval-every", "64", "--override", "algo.learning_starts=64", "--override"]
     argv += ["algo.batch_size=16", "--finetune-results", str(grpo), "--out", str(tmp_path / "out")]
     assert sac.main(argv) == 0
     lines = read_results(tmp_path / "out" / "results.jsonl")
     assert [(line["side"], line["demonstrations"]) for line in lines] == [
-        ("raysim", "raysim/pick-place-v3/expert-1-s1-v0"),
+        ("raysim", "raysim/pick-place-v3/expert-1-s1-rlpd-v0"),
         ("raysim-no-demos", ""),
     ]
-    assert (tmp_path / "datasets" / "raysim" / "pick-place-v3" / "expert-1-s1-v0").is_dir()
+    assert (tmp_path / "datasets" / "raysim" / "pick-place-v3" / "expert-1-s1-rlpd-v0").is_dir()
+    assert [line.get("pretrained") for line in lines] == [str(tmp_path / "out" / "bc" / "s1"), None]
+    assert (tmp_path / "out" / "bc" / "s1" / "checkpoints").is_dir()  # BC on the demonstrations, the actor's start
     for line in lines:
         assert [point[0] for point in line["evals"]] == [64, 128] and line["eval_successes"] is not None
     out = capsys.readouterr().out

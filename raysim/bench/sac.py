@@ -15,10 +15,12 @@ Rows (``--rows``, all by default):
   the actor on their mean, RLPD's), in this process, the variants taking turns round after round: raysim's
   ``SAC.gradient_step`` on a ``Learner`` of ``hopper_sac`` whose buffer is full of random transitions of Hopper's
   shapes, the same with the critics as a loop of ``nn.Sequential`` (``QLoop``), and the peer's ``--update-cost``.
-- ``rlpd``: Meta-World pick-place-v3, ``--rlpd-config`` with ``algo.demonstrations`` the 5 expert episodes
-  ``raysim bench finetune`` records for the seed (recorded into ``<out>/datasets`` unless ``MINARI_DATASETS_PATH``
-  says where they are), seeds 1-3, evaluated every 25k env steps up to 150k; beside it the same config without
-  demonstrations (seed 1) and GRPO fine-tuned from BC-5 (``raysim bench finetune``'s recorded runs).
+- ``rlpd``: Meta-World pick-place-v3, ``--rlpd-config`` with ``algo.demonstrations`` the 5 expert episodes of
+  ``raysim bench finetune``'s seed (its evaluation seed, so the same goals and starts), recorded on the config's env
+  (its reward and episode ends) into ``<out>/datasets`` unless ``MINARI_DATASETS_PATH`` says where they are; with
+  ``--rlpd-bc`` (the default) the actor starts from BC on them (the config's model, in ``<out>/bc/s<seed>``); seeds
+  1-3, evaluated every 25k env steps up to 150k; beside it the same config without demonstrations and without BC
+  (seed 1) and GRPO fine-tuned from BC-5 (``raysim bench finetune``'s recorded runs).
 
 The peer trains on the env id, learning starts, batch size and buffer capacity of raysim's config (``hopper_sac``'s
 are CleanRL's own), so an ``--override`` of those reaches both sides. Every run but the update cost's is a fresh
@@ -385,6 +387,7 @@ def record(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         "eval_episodes": run.eval_episodes,
         "settings": list(run.settings),
         "demonstrations": run.demonstrations,
+        "pretrained": run.pretrained,
         **({"demo_episodes": args.demos} if run.demonstrations else {}),
         **result,
         "process_seconds": time.perf_counter() - begin,  # the whole run: imports, evaluations, shutdown too
@@ -427,6 +430,7 @@ def prepare_rlpd(run: Run, args: argparse.Namespace) -> None:
     keys = ("hidden_sizes", "activation", "action_transform", "log_std", "init_log_std")
     overrides = [f"model.{key}={json.dumps(getattr(model, key))}" for key in keys]
     overrides += [f"algo.dataset={run.demonstrations}", f"seed={run.seed}", "backend=local", "eval.episodes=100"]
+    overrides += [f"algo.updates={args.bc_updates}"] if args.bc_updates else []
     print(f"[BC on {run.demonstrations}: {run.pretrained}]", file=sys.stderr, flush=True)
     raysim.Trainer(raysim.load_config(BC_CONFIG, [*overrides, f"run_dir={run.pretrained}"])).train()
 
@@ -849,6 +853,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=True,
         help="the rlpd row's actor starts from BC on the same demonstrations (model.init_from; default: yes)",
     )
+    parser.add_argument("--bc-updates", type=int, help="that BC's gradient steps (default: metaworld_pick_place_bc's)")
     parser.add_argument("--finetune-results", type=Path, default=FINETUNE_RESULTS, help="GRPO's recorded runs")
     parser.add_argument("--cost-steps", type=int, default=200, help="update cost: timed steps per variant and round")
     parser.add_argument("--cost-rounds", type=int, default=5, help="update cost: rounds of every variant in turn")
