@@ -64,10 +64,10 @@ def test_the_sides_take_turns_first_from_seed_to_seed():
     assert [(run.row, run.seed, run.steps, run.eval_every) for run in runs][:2] == [("wallclock", 1, 100_000, 0)] * 2
     rlpd = [(run.seed, run.side, run.demonstrations) for run in runs if run.row == "rlpd"]
     assert rlpd == [
-        (1, "raysim", "raysim/pick-place-v3/expert-5-s1-v0"),
+        (1, "raysim", "raysim/pick-place-v3/expert-5-s1-rlpd-v0"),
         (1, "raysim-no-demos", ""),  # the run without demonstrations: the first seed alone
-        (2, "raysim", "raysim/pick-place-v3/expert-5-s2-v0"),
-        (3, "raysim", "raysim/pick-place-v3/expert-5-s3-v0"),
+        (2, "raysim", "raysim/pick-place-v3/expert-5-s2-rlpd-v0"),
+        (3, "raysim", "raysim/pick-place-v3/expert-5-s3-rlpd-v0"),
     ]
     assert all(run.steps == 150_000 and run.eval_every == 25_000 for run in runs if run.row == "rlpd")
 

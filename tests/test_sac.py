@@ -276,3 +276,11 @@ def test_two_learner_ranks_each_hold_their_shards_transitions_and_a_resume_refil
         Checkpoints(LocalStorage(tmp_path / d)).newest_intact(False) for d in ("resumed", "straight")
     )
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_a_sac_run_with_policy_servers_is_the_collocated_run(tmp_path):
+    # the servers placement acts with the same draws (the warm-up's uniform ones and the actor's): the same run
+    collocated = raysim.Trainer(config_of(tmp_path / "collocated", "eval.episodes=0")).train()
+    served = raysim.Trainer(config_of(tmp_path / "served", "eval.episodes=0", "shards.placement=servers")).train()
+    assert collocated.env_steps == served.env_steps == 160
+    assert rows(tmp_path / "served") == rows(tmp_path / "collocated")

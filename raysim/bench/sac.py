@@ -403,8 +403,8 @@ def record(run: Run, args: argparse.Namespace) -> dict[str, Any]:
 
 def prepare_rlpd(run: Run, args: argparse.Namespace) -> None:
     """The rlpd run's demonstrations (the expert's episodes of ``raysim bench finetune``'s seed, recorded on the
-    run's env) and, with ``--rlpd-bc``, the BC run its actor starts from (the config's model, 100 evaluation
-    episodes), each made once."""
+    run's env) and, with ``--rlpd-bc``, the BC run its actor starts from (the config's model, evaluated on the
+    run's episode count), each made once."""
     import raysim
     from raysim.bench.finetune import BC_CONFIG
     from raysim.coordinator.demonstrations import record_demonstrations
@@ -429,7 +429,8 @@ def prepare_rlpd(run: Run, args: argparse.Namespace) -> None:
     model = packaged(run.config, run.settings).model
     keys = ("hidden_sizes", "activation", "action_transform", "log_std", "init_log_std")
     overrides = [f"model.{key}={json.dumps(getattr(model, key))}" for key in keys]
-    overrides += [f"algo.dataset={run.demonstrations}", f"seed={run.seed}", "backend=local", "eval.episodes=100"]
+    overrides += [f"algo.dataset={run.demonstrations}", f"seed={run.seed}", "backend=local"]
+    overrides += [f"eval.episodes={run.eval_episodes}"]
     overrides += [f"algo.updates={args.bc_updates}"] if args.bc_updates else []
     print(f"[BC on {run.demonstrations}: {run.pretrained}]", file=sys.stderr, flush=True)
     raysim.Trainer(raysim.load_config(BC_CONFIG, [*overrides, f"run_dir={run.pretrained}"])).train()
