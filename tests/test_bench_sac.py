@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "benchmarks" / "results" / "sac"
 PAGE = ROOT / "docs" / "benchmarks" / "sac.md"
 # both sides: 1,024 env steps, the first 256 random, batch 32; evaluated at 512 and at the end on 2 episodes
-TINY = ["--steps", "1024", "--eval-every", "512", "--eval-episodes", "2", "--local"]
-TINY += ["--override", "algo.learning_starts=256", "--override", "algo.batch_size=32"]
+TINY = ["--steps", "512", "--eval-every", "256", "--eval-episodes", "2", "--local"]
+TINY += ["--override", "algo.learning_starts=128", "--override", "algo.batch_size=32"]
 
 
 @pytest.fixture(autouse=True)
@@ -41,17 +41,17 @@ def test_a_hopper_row_runs_both_sides_appends_each_run_and_the_next_invocation_s
     assert [(line["side"], line["seed"]) for line in lines] == [("raysim", 1), ("cleanrl", 1)]
     ours, theirs = lines
     for line in lines:
-        assert line["env_steps"] == 1024 and line["eval_episodes"] == 2
-        assert [point[0] for point in line["evals"]] == [512, 1024] and line["eval_mean"] == line["evals"][-1][1]
+        assert line["env_steps"] == 512 and line["eval_episodes"] == 2
+        assert [point[0] for point in line["evals"]] == [256, 512] and line["eval_mean"] == line["evals"][-1][1]
         assert line["collect_seconds"] > 0 and line["update_seconds"] > 0 and line["training_return"] is not None
         parts = line["collect_seconds"] + line["update_seconds"] + line["checkpoint_seconds"]
         assert parts == pytest.approx(line["train_seconds"], rel=0.1)  # the rest: bookkeeping between the phases
         assert line["updates_per_s"] == pytest.approx(line["gradient_steps"] / line["update_seconds"], rel=0.02)
-        assert line["env_steps_per_s"] == pytest.approx(1024 / line["train_seconds"], rel=0.02)
+        assert line["env_steps_per_s"] == pytest.approx(512 / line["train_seconds"], rel=0.02)
         assert line["load_start"] is not None and line["host"] and line["versions"]["torch"]
-    assert ours["gradient_steps"] == 1024 - 256 and ours["settings"][-1] == "backend=local"
-    assert theirs["gradient_steps"] == 1024 - 257  # CleanRL's first update follows step learning_starts + 1
-    assert (theirs["learning_starts"], theirs["batch_size"]) == (256, 32)  # raysim's config with the overrides
+    assert ours["gradient_steps"] == 512 - 128 and ours["settings"][-1] == "backend=local"
+    assert theirs["gradient_steps"] == 512 - 129  # CleanRL's first update follows step learning_starts + 1
+    assert (theirs["learning_starts"], theirs["batch_size"]) == (128, 32)  # raysim's config with the overrides
     out = capsys.readouterr().out
     assert out.startswith("**Hopper-v5: returns**") and (tmp_path / "sac.md").read_text() == out
     assert sac.main(argv) == 0 and len(read_results(tmp_path / "results.jsonl")) == 2  # done: skipped
@@ -164,6 +164,7 @@ def stand_in(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # records demonstrations, trains BC and two runs on Meta-World: ~8-15 s
 def test_the_rlpd_row_records_the_seeds_demonstrations_and_sets_its_runs_beside_grpo(tmp_path, capsys, monkeypatch):
     pytest.importorskip("metaworld")
     pytest.importorskip("minari")
