@@ -20,7 +20,7 @@ from raysim.models.ensemble import QEnsemble
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "benchmarks" / "results" / "sac"
 PAGE = ROOT / "docs" / "benchmarks" / "sac.md"
-# both sides: 1,024 env steps, the first 256 random, batch 32; evaluated at 512 and at the end on 2 episodes
+# both sides: 512 env steps, the first 128 random, batch 32; evaluated at 256 and at the end on 2 episodes
 TINY = ["--steps", "512", "--eval-every", "256", "--eval-episodes", "2", "--local"]
 TINY += ["--override", "algo.learning_starts=128", "--override", "algo.batch_size=32"]
 

@@ -429,8 +429,8 @@ def prepare_rlpd(run: Run, args: argparse.Namespace) -> None:
     model = packaged(run.config, run.settings).model
     keys = ("hidden_sizes", "activation", "action_transform", "log_std", "init_log_std")
     overrides = [f"model.{key}={json.dumps(getattr(model, key))}" for key in keys]
-    overrides += [f"algo.dataset={run.demonstrations}", f"seed={run.seed}", "backend=local"]
-    overrides += [f"eval.episodes={run.eval_episodes}"]
+    overrides += [f"algo.dataset={run.demonstrations}", f"seed={run.seed}", f"eval.episodes={run.eval_episodes}"]
+    overrides += ["backend=local"]
     overrides += [f"algo.updates={args.bc_updates}"] if args.bc_updates else []
     print(f"[BC on {run.demonstrations}: {run.pretrained}]", file=sys.stderr, flush=True)
     raysim.Trainer(raysim.load_config(BC_CONFIG, [*overrides, f"run_dir={run.pretrained}"])).train()
