@@ -56,6 +56,13 @@ def stop_and_resume(overrides: list[str], out: Path, stop_after: int) -> None:
     print(f"evaluation records equal: {straight.evaluation.records == resumed.evaluation.records}")
 
 
+def saved_iterations(run_dir: Path) -> list[int]:
+    """The iterations of the run's complete checkpoints: a directory named by its iteration, with its manifest (a
+    save in progress is staged in a hidden ``.tmp-*`` directory and renamed once whole)."""
+    found = (p.parent.name for p in run_dir.glob("checkpoints/*/manifest.json"))
+    return sorted(int(name) for name in found if name.isdigit())
+
+
 def crash_and_recover(overrides: list[str], out: Path, quick: bool) -> None:
     """A driver killed with SIGKILL (no chance to save): its newest checkpoint is intact and resumes."""
     run_dir = out / "crashed"
@@ -64,14 +71,14 @@ def crash_and_recover(overrides: list[str], out: Path, quick: bool) -> None:
     command += ["--set=checkpoint.every=2", "--set=train.total_steps=40000"]  # long enough to be killed mid-run
     driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while not list(run_dir.glob("checkpoints/*/manifest.json")):  # a checkpoint is complete once it has its manifest
+    while not saved_iterations(run_dir):
         if driver.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the run to crash ended or stalled before its first checkpoint: {' '.join(command)}")
         time.sleep(0.05)
     driver.kill()
     driver.wait()
     print(f"killed the driver (exit code {driver.returncode})")
-    checkpoints = sorted(int(p.parent.name) for p in run_dir.glob("checkpoints/*/manifest.json"))
+    checkpoints = saved_iterations(run_dir)
     print(f"left behind: checkpoints {checkpoints}, the dead driver's lock: {(run_dir / 'lock.json').exists()}")
     # A save cut by the crash leaves no checkpoint (one appears whole or not at all); a damaged one is skipped:
     # the newest intact one is resumed from. The dead process's lock is broken at once (same host, its pid gone).
