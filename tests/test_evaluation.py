@@ -214,6 +214,7 @@ def test_callbacks_receive_one_scalar_record_per_counted_episode_and_the_unchang
         assert env_report["return"] == record["return"] and env_report["length"] == record["length"]
 
 
+@pytest.mark.slow  # a fault on Ray
 def test_a_shard_killed_during_evaluation_is_replaced_and_the_report_is_unchanged(ray_session):
     spec = EvalSpec(episodes=60, seed=5, max_steps=100_000)
     env_id = "gym:Pendulum-v1"  # every episode lasts 200 steps: a long evaluation

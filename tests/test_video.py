@@ -145,6 +145,7 @@ class KillingWriter(VideoWriter):
         return super().add(frame)
 
 
+@pytest.mark.slow  # a fault on Ray
 def test_an_evaluation_filmed_on_ray_shards_one_of_which_dies_gives_the_frames_and_records_of_a_local_one(
     ray_session, tmp_path
 ):
