@@ -227,9 +227,19 @@ def start(args: argparse.Namespace, chosen: dict[str, Any]):
 
 
 def evaluate(algo) -> dict[str, Any]:
-    """The deterministic evaluation of ``--eval-episodes`` episodes (RLlib's ``Algorithm.evaluate``)."""
+    """The deterministic evaluation of ``--eval-episodes`` episodes (RLlib's ``Algorithm.evaluate``). The local
+    evaluation env runner is first given the training runners' merged connector state (the observation filter's
+    statistics): RLlib syncs it only to remote evaluation runners, and a fresh filter feeds the policy observations
+    it never saw (Hopper's evaluation returned 2.0 where its training episodes returned 487)."""
+    from ray.rllib.core import COMPONENT_ENV_TO_MODULE_CONNECTOR
+
     EvaluationEpisodes.episodes.clear()
     begin = time.perf_counter()
+    if algo.env_runner is not None:  # the local training runner holds the merged state
+        filters = algo.env_runner.get_state(components=COMPONENT_ENV_TO_MODULE_CONNECTOR)
+    else:
+        filters = {COMPONENT_ENV_TO_MODULE_CONNECTOR: algo.env_to_module_connector.get_state()}
+    algo.eval_env_runner.set_state(filters)
     algo.evaluate()
     returns = [r for r, _ in EvaluationEpisodes.episodes]
     return {

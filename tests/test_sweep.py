@@ -305,6 +305,10 @@ def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(he
     for trial in finished:  # a trial Tune stopped may still be closing its run when the driver dies
         wait_for_handover(RunLock(open_storage(experiment / "trials" / trial)), timeout=60)
     before = {t: files_of(experiment / "trials" / t) for t in finished}
+    # what a kill during Tune's copy of its state into the experiment directory leaves (seen under load): the
+    # resume puts back Ray's staging copy, where Tune alone would run another experiment (tests/test_tune_state.py)
+    searcher = max(experiment.glob("basic-variant-state-*.json"))
+    searcher.write_bytes(b"")
 
     done = subprocess.run(
         [RAYSIM, "tune", "--resume", str(experiment), "--address", head.address],
@@ -314,6 +318,7 @@ def test_asha_sweep_stops_trials_early_and_resumes_after_its_driver_is_killed(he
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"raysim: {searcher} was cut short by the driver's end: Ray's staging copy put back" in done.stdout
     states = trial_states(experiment)
     assert len(states) == 4 and all(s["status"] == "TERMINATED" for s in states.values())
     for trial in finished:  # not run again: not a file of their run directories changed

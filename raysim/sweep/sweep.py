@@ -25,7 +25,7 @@ import yaml
 
 from raysim.composition import ConfigError
 from raysim.config import Config, to_dict
-from raysim.coordinator.cluster import connect
+from raysim.coordinator.cluster import connect, ray_logs_dir
 from raysim.coordinator.trainer import planned_iterations
 from raysim.storage import is_uri, open_storage
 from raysim.sweep.fit import (
@@ -39,6 +39,7 @@ from raysim.sweep.fit import (
 )
 from raysim.sweep.pause_fix import keep_paused_trials_alive
 from raysim.sweep.space import Param, check_params, config_with, parse_spec
+from raysim.sweep.tune_state import mend
 
 SCHEDULERS = ("fifo", "asha", "pbt")
 MODES = ("max", "min")
@@ -236,6 +237,9 @@ def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
         storage = open_storage(sweep.experiment)
         trainable = trainable_of(sweep)
         if resume:
+            logs = ray_logs_dir()  # <ray temp>/session_*/logs: the staging copies are in that temp's sessions
+            for name in mend(storage, Path(logs).parents[1] if logs else None):
+                print(f"raysim: {storage.path(name)} was cut short by the driver's end: Ray's staging copy put back")
             tuner = ray_tune.Tuner.restore(sweep.experiment, trainable, resume_unfinished=True, resume_errored=True)
         else:
             storage.write(SWEEP_FILE, yaml.safe_dump(asdict(sweep), sort_keys=False).encode())
