@@ -235,11 +235,8 @@ def evaluate(algo) -> dict[str, Any]:
 
     EvaluationEpisodes.episodes.clear()
     begin = time.perf_counter()
-    if algo.env_runner is not None:  # the local training runner holds the merged state
-        filters = algo.env_runner.get_state(components=COMPONENT_ENV_TO_MODULE_CONNECTOR)
-    else:
-        filters = {COMPONENT_ENV_TO_MODULE_CONNECTOR: algo.env_to_module_connector.get_state()}
-    algo.eval_env_runner.set_state(filters)
+    # the local training runner holds the training runners' merged state (RLlib broadcasts it there every step)
+    algo.eval_env_runner.set_state(algo.env_runner.get_state(components=COMPONENT_ENV_TO_MODULE_CONNECTOR))
     algo.evaluate()
     returns = [r for r, _ in EvaluationEpisodes.episodes]
     return {

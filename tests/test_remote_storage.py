@@ -201,3 +201,25 @@ def test_a_run_directory_in_a_bucket_that_does_not_exist_is_one_line_naming_the_
     error = capsys.readouterr().err
     assert "its bucket 'no-such-bucket' does not exist" in error and "internal error" not in error
     assert len(error.strip().splitlines()) == 1, error
+
+
+def test_a_sweeps_tune_state_cut_short_in_the_bucket_is_mended_from_the_drivers_local_staging_copy(
+    s3, tmp_path, monkeypatch
+):
+    """An experiment directory on S3 (nodes sharing no filesystem); Ray's staging copy on the driver's machine.
+    The local cases and the refusal: tests/test_tune_state.py."""
+    import json
+
+    from raysim.sweep.tune_state import mend
+
+    for key, value in s3.items():
+        monkeypatch.setenv(key, value)
+    name = "experiment_state-2026-12-06_23-30-21.json"
+    whole = json.dumps({"trial_data": [["a", "b"]]}).encode()
+    storage = open_storage("s3://raysim-test/sweeps/asha")
+    storage.write(name, b"")
+    staging = tmp_path / "session_1" / "artifacts" / "2026-12-06_23-30-20" / "asha" / "driver_artifacts"
+    staging.mkdir(parents=True)
+    (staging / name).write_bytes(whole)
+    assert mend(storage, tmp_path) == [name]
+    assert open_storage("s3://raysim-test/sweeps/asha").read(name) == whole

@@ -239,7 +239,10 @@ def _fit(sweep: Sweep, address: str | None, resume: bool) -> Any:
         if resume:
             logs = ray_logs_dir()  # <ray temp>/session_*/logs: the staging copies are in that temp's sessions
             for name in mend(storage, Path(logs).parents[1] if logs else None):
-                print(f"raysim: {storage.path(name)} was cut short by the driver's end: Ray's staging copy put back")
+                print(
+                    f"raysim: {storage.path(name)} was cut short by the driver's end: Ray's staging copy put back",
+                    flush=True,
+                )
             tuner = ray_tune.Tuner.restore(sweep.experiment, trainable, resume_unfinished=True, resume_errored=True)
         else:
             storage.write(SWEEP_FILE, yaml.safe_dump(asdict(sweep), sort_keys=False).encode())
