@@ -17,6 +17,11 @@ if ROOT not in sys.path:  # a checkout that was not pip-installed
 
 torch.set_num_threads(1)
 
+# The suite starts hundreds of Python processes (drivers, Ray's workers, heads): each compiles raysim's modules again
+# where no bytecode is kept (PYTHONDONTWRITEBYTECODE, set on some CI machines): ~0.14 CPU-s a process. Keep it.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 # Tests that start clusters, heads or sweeps of their own: many CPU-bound processes each. Two of them at once on two
 # cores run ~2-3.5x slower each (measured: docs/testing.md), so under pytest-xdist they run one after the other, on

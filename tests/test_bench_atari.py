@@ -57,6 +57,7 @@ def test_a_peer_game_is_reported_only_when_its_last_life_is_lost(peer):
     assert env.unwrapped.ale.lives() == 0
 
 
+@pytest.mark.slow
 def test_collection_alone_prints_both_sides_env_steps_per_second_and_their_ratio(tmp_path, capsys):
     # raysim's side is a cheap image config in this process: this checks the harness, not the Atari adapter
     args = ["--config", "reach_camera_ppo", "--no-training", "--rounds", "1", "--warmups", "0"]

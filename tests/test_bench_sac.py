@@ -33,6 +33,7 @@ def threads():
     torch.set_num_threads(count)
 
 
+@pytest.mark.slow
 def test_a_hopper_row_runs_both_sides_appends_each_run_and_the_next_invocation_skips_them(tmp_path, capsys):
     pytest.importorskip("mujoco")
     argv = ["--rows", "hopper", "--seeds", "1", *TINY, "--out", str(tmp_path)]

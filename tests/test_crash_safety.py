@@ -100,14 +100,14 @@ def assert_same_run(run_dir: Path, straight: Path) -> None:
     ("fault", "resumes_from", "placement"),
     [
         ("collect:3", 2, "collocated"),
-        ("update:3", 2, "collocated"),
-        ("eval:4", 2, "collocated"),
+        pytest.param("update:3", 2, "collocated", marks=pytest.mark.slow),
+        pytest.param("eval:4", 2, "collocated", marks=pytest.mark.slow),
         ("save:4", 2, "collocated"),  # killed between the checkpoint's files and its completion marker
-        ("final_save:6", 4, "collocated"),
-        ("final_eval:6", 6, "collocated"),
+        pytest.param("final_save:6", 4, "collocated", marks=pytest.mark.slow),
+        pytest.param("final_eval:6", 6, "collocated", marks=pytest.mark.slow),
         ("eval:4", 2, "servers"),  # a run with policy servers is the collocated run, resumed too
     ],
-)
+)  # the quick set (-m "not slow") keeps three phases; the full suite, every one
 def test_a_driver_killed_at_any_phase_resumes_to_exactly_the_uninterrupted_run(
     tmp_path, straight, capsys, fault, resumes_from, placement
 ):

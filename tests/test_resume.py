@@ -189,6 +189,7 @@ def test_the_callers_config_is_unchanged_after_building_several_envs_from_it():
     assert shards[0].env.initial_states is not shards[1].env.initial_states
 
 
+@pytest.mark.slow
 def test_two_learner_ranks_agree_on_a_state_that_fails_on_one_rank_then_train_save_and_load(ray_session, tmp_path):
     from raysim.actors import RayBackend
     from raysim.algos.ppo import PPOConfig
