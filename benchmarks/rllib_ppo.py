@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
 import importlib.metadata
 import json
 import math
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -175,7 +177,7 @@ def build_config(args: argparse.Namespace, chosen: dict[str, Any]):
     if model.get("fcnet_kernel_initializer") == "orthogonal_":
         model["fcnet_kernel_initializer"] = torch.nn.init.orthogonal_
     runners = {
-        "num_env_runners": args.env_runners,
+        "num_env_runners": 0 if args.profile else args.env_runners,
         "num_envs_per_env_runner": chosen["num_envs_per_env_runner"],
         "num_cpus_per_env_runner": args.cpus_per_runner,
         "rollout_fragment_length": chosen["rollout_fragment_length"],
@@ -187,7 +189,7 @@ def build_config(args: argparse.Namespace, chosen: dict[str, Any]):
         PPOConfig()
         .environment(chosen["env"], env_config=env_config)
         .env_runners(**runners)
-        .learners(num_learners=1, num_cpus_per_learner=1)
+        .learners(num_learners=0 if args.profile else 1, num_cpus_per_learner=1)
         .training(
             train_batch_size_per_learner=chosen["train_batch_size_per_learner"],
             minibatch_size=chosen["minibatch_size"],
@@ -345,6 +347,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=0, help="evaluate every this many env steps (0: at the end)")
     parser.add_argument("--solve", type=float, default=None, help="stop at the first evaluation with this mean return")
     parser.add_argument("--warmup", type=int, default=2, help="iterations left out of the steady env steps/s")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the env runner and the learner in this process (num_env_runners=0, num_learners=0) under cProfile: "
+        "print its N costliest functions by cumulative time to stderr (where RLlib's time goes, not its speed)",
+    )
     align = parser.add_argument_group("--align", "raysim's values in place of the example's (none: the example's)")
     align.add_argument("--envs-per-runner", type=int, help="num_envs_per_env_runner (raysim: env.num_envs)")
     align.add_argument("--rollout", type=int, help="rollout_fragment_length (algo.num_steps); the batch follows")
@@ -362,9 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     chosen = settings(args)
     algo, startup = start(args, chosen)
     emit({"event": "startup", "startup_seconds": startup})
+    profile = cProfile.Profile() if args.profile else None
     try:
+        if profile is not None:
+            profile.enable()
         run = train(algo, args)
     finally:
+        if profile is not None:
+            profile.disable()
+            pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(args.profile)
         algo.stop()
         import ray
 

@@ -18,7 +18,7 @@ if ROOT not in sys.path:  # a checkout that was not pip-installed
 torch.set_num_threads(1)
 
 # The suite starts hundreds of Python processes (drivers, Ray's workers, heads): each compiles raysim's modules again
-# where no bytecode is kept (PYTHONDONTWRITEBYTECODE, set on some CI machines): ~0.14 CPU-s a process. Keep it.
+# where no bytecode is kept (PYTHONDONTWRITEBYTECODE, set on some CI machines): ~0.15 CPU-s a process. Keep it.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
