@@ -353,7 +353,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         metavar="N",
         help="the env runner and the learner in this process (num_env_runners=0, num_learners=0) under cProfile: "
-        "print its N costliest functions by cumulative time to stderr (where RLlib's time goes, not its speed)",
+        "print its N costliest functions by cumulative time to stderr (where RLlib's time goes, not its speed: "
+        "no result line)",
     )
     align = parser.add_argument_group("--align", "raysim's values in place of the example's (none: the example's)")
     align.add_argument("--envs-per-runner", type=int, help="num_envs_per_env_runner (raysim: env.num_envs)")
@@ -374,18 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     emit({"event": "startup", "startup_seconds": startup})
     profile = cProfile.Profile() if args.profile else None
     try:
-        if profile is not None:
-            profile.enable()
-        run = train(algo, args)
+        run = train(algo, args) if profile is None else profile.runcall(train, algo, args)
     finally:
-        if profile is not None:
-            profile.disable()
-            pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(args.profile)
         algo.stop()
         import ray
 
         ray.shutdown()
-    emit(result_line(args, chosen, startup, run))
+    if profile is not None:  # the roles in this process, under the profiler: no figures to record
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(args.profile)
+    else:
+        emit(result_line(args, chosen, startup, run))
     print(f"[rllib {args.task} seed {args.seed}: done]", file=sys.stderr, flush=True)
     return 0
 

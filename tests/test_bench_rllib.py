@@ -206,3 +206,15 @@ def test_rllibs_side_runs_in_its_own_python_and_its_memory_counts_rays_processes
     assert line["env_steps"] >= 2048 and line["steady_steps_per_s"] > 0 and line["eval_episodes"] == 100
     assert line["versions"]["gymnasium"] == "1.2.2" and line["settings"] == ["aligned"]
     assert line["memory"]["processes_peak"] > 3 and line["memory"]["pss_peak_mib"] > 100
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(rllib.rllib_problem(rllib_python()) is not None, reason="RLlib's own environment is not installed")
+def test_the_peers_profile_runs_rllibs_roles_in_its_process_and_prints_where_the_time_goes_not_a_result():
+    command = [str(rllib_python()), str(rllib.PEER_SCRIPT), "--task", "cartpole", "--steps", "1024"]
+    result = subprocess.run([*command, "--eval-episodes", "0", "--profile", "20"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Ordered by: cumulative time" in result.stderr and "single_agent_env_runner.py" in result.stderr
+    assert "learner.py" in result.stderr  # the learner's update ran in this process too
+    events = [json.loads(line)["event"] for line in result.stdout.splitlines()]
+    assert "iteration" in events and "result" not in events
