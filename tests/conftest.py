@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import functools
 import gc
 import os
 import sys
@@ -46,60 +44,32 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     together = "tests started one at a time"
-    on_session_ray = "tests on the session's Ray"
 
-    class LargestFirst(OrderedDict):
-        """The work queue, in the collection's order but for the two largest units, first: the one-at-a-time unit
-        (to one worker), then the session Ray's (to the other)."""
+    class OneAtATimeFirst(OrderedDict):
+        """The work queue, in the collection's order but for the one-at-a-time unit, the longest: first."""
 
         def __setitem__(self, key, value):
             super().__setitem__(key, value)
-            for first in (on_session_ray, together):
-                if first in self:
-                    self.move_to_end(first, last=False)
+            if key == together:
+                self.move_to_end(key, last=False)
 
     class WorkUnits(LoadScopeScheduling):
-        """The work units the workers take one at a time: the tests of ``ONE_AT_A_TIME`` as one unit; the tests
-        that take the session's Ray as one (one worker starts a Ray, not both: a Ray's start costs ~10 CPU-s and an
-        idle Ray keeps ~10% of a core busy); a module with a module-scoped fixture (a trained run, a cluster, a
-        sweep) as one, so the fixture is built once; every other test alone (the finest balance)."""
+        """The work units the workers take one at a time: the tests of ``ONE_AT_A_TIME`` as one unit, first; a
+        module with a module-scoped fixture (a trained run, a cluster, a sweep) as one, so the fixture is built
+        once; every other test alone (the finest balance)."""
 
         def __init__(self, config, log=None):
             super().__init__(config, log)
-            self.workqueue = LargestFirst()
+            self.workqueue = OneAtATimeFirst()
             config.option.loadscopereorder = False  # not by test count: the order above
 
         def _split_scope(self, nodeid: str) -> str:
-            module, _, test = nodeid.partition("::")
-            on_ray, whole_module = session_ray_tests(config.rootpath / module)
-            takes_ray = test.split("[", 1)[0] in on_ray
+            module = nodeid.split("::", 1)[0]
             if module in ONE_AT_A_TIME:
-                return on_session_ray if takes_ray and not whole_module else together
-            if whole_module or takes_ray:
-                return on_session_ray
+                return together
             return module if shares_module_fixture(config.rootpath / module) else nodeid
 
     return WorkUnits(config, log)
-
-
-@functools.cache
-def session_ray_tests(path: Path) -> tuple[frozenset[str], bool]:
-    """The names of the tests of the module at ``path`` that take the session's Ray (``ray_session``), and whether
-    one of them also takes a module-scoped fixture of the module: then the whole module runs beside them, so the
-    fixture is built once."""
-    functions = [
-        node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.FunctionDef)
-    ]
-    module_fixtures = {
-        f.name
-        for f in functions
-        for d in f.decorator_list
-        if isinstance(d, ast.Call)
-        and any(k.arg == "scope" and getattr(k.value, "value", None) == "module" for k in d.keywords)
-    }
-    takes = {f.name: {arg.arg for arg in f.args.args} for f in functions if f.name.startswith("test_")}
-    on_ray = frozenset(name for name, args in takes.items() if "ray_session" in args)
-    return on_ray, any(takes[name] & module_fixtures for name in on_ray)
 
 
 def shares_module_fixture(path: Path) -> bool:
